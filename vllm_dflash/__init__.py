@@ -1,0 +1,25 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vllm_dflash: DFlash block-diffusion speculative decoding for vLLM 0.32.
+
+Importing this package is cheap: heavy modules (torch models, vLLM internals) load on first use.
+`register()` is the vLLM plugin entry point (group `vllm.general_plugins`); vLLM calls it in every
+process (API server, engine core, workers), so it is lazy and idempotent.
+"""
+__version__ = "0.1.0"
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """vLLM general-plugin hook: install our DFlash drafter for `method: "dflash"`.
+
+    Set VLLM_DFLASH_DRAFTER=vllm to keep vLLM's built-in drafter (side-by-side comparisons)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
+    try:
+        from vllm_dflash.integration.patches import apply_patches
+    except ImportError:  # integration not available in this build
+        return
+    apply_patches()

@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Small shared helpers: logging, seeding, JSON lines."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+_LOG_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
+
+
+def get_logger(name: str) -> logging.Logger:
+    logger = logging.getLogger(name)
+    root = logging.getLogger("vllm_dflash")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+        root.setLevel(os.environ.get("VLLM_DFLASH_LOG_LEVEL", "INFO"))
+        root.propagate = False
+    return logger
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    import gzip
+
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    n = 0
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+            n += 1
+    return n
