@@ -18,8 +18,6 @@ def register() -> None:
     if _REGISTERED:
         return
     _REGISTERED = True
-    try:
-        from vllm_dflash.integration.patches import apply_patches
-    except ImportError:  # integration not available in this build
-        return
+    from vllm_dflash.integration.patches import apply_patches
+
     apply_patches()

@@ -51,3 +51,24 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
             f.write(json.dumps(row) + "\n")
             n += 1
     return n
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX); on AVX2-only CPUs bf16 is ~4x slower."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def default_dtype() -> str:
+    """vLLM / model dtype: $VLLM_DFLASH_DTYPE, else bfloat16 on GPUs and bf16-capable CPUs, else float32."""
+    env = os.environ.get("VLLM_DFLASH_DTYPE")
+    if env:
+        return env
+    import torch
+
+    if torch.cuda.is_available() or cpu_has_bf16():
+        return "bfloat16"
+    return "float32"

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run offline vLLM generations in one fresh process; print one JSON result line per run.
+
+Usage: python tests/_vllm_run.py '<json list of runs>'. A run: model, prompts (token-id lists or
+strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
+overrides, llm_kwargs, expect_error (a substring: the LLM build must fail with it). vLLM's import
+costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
+import gc
+import json
+import os
+import sys
+import traceback
+
+
+def run_one(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    os.environ.update(spec.get("env", {}))
+    kwargs = dict(model=spec["model"], dtype="bfloat16", enforce_eager=True, max_model_len=spec.get("max_model_len", 1024),
+                  kv_cache_memory_bytes=spec.get("kv_bytes", 64 << 20), seed=0, max_num_seqs=spec.get("max_num_seqs", 16),
+                  disable_log_stats=False)
+    if spec.get("speculative_config"):
+        kwargs["speculative_config"] = spec["speculative_config"]
+    kwargs.update(spec.get("llm_kwargs", {}))
+    try:
+        llm = LLM(**kwargs)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        if spec.get("expect_error"):
+            return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        raise
+    if spec.get("expect_error"):
+        return {"error": None}
+    sp_args = dict(temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=spec.get("ignore_eos", True))
+    sp_args.update(spec.get("sampling", {}))
+    prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in spec["prompts"]]
+    if spec.get("per_prompt_seed") is not None:
+        sps = [SamplingParams(**sp_args, seed=spec["per_prompt_seed"] + i) for i in range(len(prompts))]
+    else:
+        sps = SamplingParams(**sp_args)
+    outs = llm.generate(prompts, sps, use_tqdm=False)
+    metrics = {}
+    for m in llm.get_metrics():
+        if m.name.startswith(("vllm:spec_decode", "vllm:dflash")):
+            metrics[m.name] = list(m.values) if hasattr(m, "values") else getattr(m, "value", None)
+    res = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "texts": [o.outputs[0].text for o in outs],
+           "finish": [o.outputs[0].finish_reason for o in outs], "metrics": metrics}
+    for k in spec.get("env", {}):
+        os.environ.pop(k, None)
+    del llm
+    gc.collect()
+    return res
+
+
+def main() -> None:
+    runs = json.loads(sys.argv[1])
+    for spec in runs:
+        print("RESULT " + json.dumps(run_one(spec)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run vLLM configurations in a subprocess (clean plugin state) and read their results."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+RUNNER = Path(__file__).with_name("_vllm_run.py")
+BASE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_vllm(runs: list[dict], env: dict | None = None, timeout: int = 1200) -> list[dict]:
+    """Run each spec in order in ONE fresh process; return one result dict per run (+ "log" on the first)."""
+    full_env = {**os.environ, **BASE_ENV, **(env or {})}
+    proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(runs)], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"vLLM run failed (rc={proc.returncode}):\n{log[-8000:]}")
+    results = [json.loads(l[len("RESULT "):]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert len(results) == len(runs), log[-4000:]
+    for r in results:
+        r["log"] = log
+    return results
+
+
+def counter(res: dict, name: str) -> float:
+    v = res["metrics"].get(name)
+    if isinstance(v, list):
+        return float(sum(v))
+    return float(v or 0)

@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vllm-dflash` command line: prepare-target, collect, train, eval, demo, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+BUNDLED_DRAFT = Path(__file__).resolve().parent.parent / "models" / "SmolLM2-135M-Instruct-DFlash-b8"
+
+
+def _env_defaults() -> None:
+    # 2-core CPU defaults; users override by exporting them.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def cmd_prepare_target(a: argparse.Namespace) -> int:
+    from vllm_dflash.target import prepare_target
+
+    print(prepare_target(a.out, dtype=a.dtype, force=a.force))
+    return 0
+
+
+def cmd_collect(a: argparse.Namespace) -> int:
+    from vllm_dflash.data.collect import CollectConfig, collect, collect_ray
+    from vllm_dflash.target import resolve_target
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    cfg = CollectConfig(target=str(resolve_target(a.target)), out_dir=a.out, sources=tuple(a.sources.split(",")),
+                        prompts_file=a.prompts, limit=a.limit, max_new_tokens=a.max_new_tokens,
+                        max_prompt_tokens=a.max_prompt_tokens, sample_fraction=a.sample_fraction,
+                        chunk_size=a.chunk_size, max_num_seqs=a.max_num_seqs, seed=a.seed)
+    man = collect_ray(cfg, a.ray, address=a.ray_address) if a.ray else collect(cfg)
+    print(json.dumps({k: v for k, v in man.items() if k not in ("done_ids", "skipped_ids", "config")}, indent=1))
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from vllm_dflash.evaluate import evaluate_reference, format_report
+
+    report = evaluate_reference(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
+                                max_new_tokens=a.max_new_tokens, block_size=a.block_size,
+                                diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, dtype=a.dtype)
+    print(json.dumps(report) if a.json else format_report(report))
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from vllm_dflash.demo import run_demo
+
+    return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _env_defaults()
+    p = argparse.ArgumentParser(prog="vllm-dflash", description="DFlash speculative decoding for vLLM: "
+                                "prepare the target, collect data, train and evaluate drafts, demo, benchmark.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("prepare-target", help="convert the bundled SmolLM2-135M-Instruct GGUF to a HF folder")
+    s.add_argument("--out", default=None, help="output folder (default: $VLLM_DFLASH_CACHE/SmolLM2-135M-Instruct)")
+    s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    s.add_argument("--force", action="store_true")
+    s.set_defaults(fn=cmd_prepare_target)
+
+    s = sub.add_parser("collect", help="generate training data with the target through vLLM (resumable)")
+    s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--out", required=True, help="output folder (resumes what is there)")
+    s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs")
+    s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--max-new-tokens", type=int, default=320)
+    s.add_argument("--max-prompt-tokens", type=int, default=768)
+    s.add_argument("--sample-fraction", type=float, default=0.25)
+    s.add_argument("--chunk-size", type=int, default=48)
+    s.add_argument("--max-num-seqs", type=int, default=48)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--ray", type=int, default=0, metavar="N", help="shard over N Ray actors (one vLLM engine each)")
+    s.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
+    s.set_defaults(fn=cmd_collect)
+
+    s = sub.add_parser("eval", help="τ, per-position acceptance and speedup of a draft (reference loop)")
+    s.add_argument("--target", default=None)
+    s.add_argument("--draft", default=str(BUNDLED_DRAFT))
+    s.add_argument("--prompts", default="humaneval", help="'humaneval', 'chat' or a JSONL file (prompt/messages)")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.add_argument("--block-size", type=int, default=None)
+    s.add_argument("--diffusion-steps", type=int, default=None)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--no-baseline", action="store_true", help="skip the block-size-1 run (no speedup figure)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("demo", help="the main job: serve SmolLM2 with our drafter, print τ and speedup")
+    s.add_argument("--draft", default=str(BUNDLED_DRAFT))
+    s.add_argument("--num-prompts", type=int, default=4)
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--mode", default="serve", choices=["serve", "reference"])
+    s.set_defaults(fn=cmd_demo)
+
+    a = p.parse_args(argv)
+    try:
+        return a.fn(a)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"vllm-dflash {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

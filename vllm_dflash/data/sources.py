@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Training prompt sources that ship in PyPI packages or with Python (no hub downloads).
+
+  code-stdlib : CPython standard-library functions turned into "complete / explain / test" prompts
+                (HumanEval-shaped, but never HumanEval itself)
+  code-codeio : CodeI/O records of `reasoning-gym` (task descriptions + reference code)
+  chat-web    : OpenWebText / Wikipedia excerpts from `evals` as summarise / explain / continue chats
+
+Every item gets a stable id; `split_of(id)` sends 1 in 20 items of each chat source to a held-out
+evaluation split (`chat_eval_prompts`) that training never sees.
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import importlib.util
+import json
+import random
+import sysconfig
+from pathlib import Path
+from typing import Any, Iterator
+
+CODE_TEMPLATES = [
+    "Complete this Python function:\n{code}",
+    "Explain what this Python function does, step by step:\n```python\n{code}\n```",
+    "Write a few unit tests for this Python function:\n```python\n{code}\n```",
+    "Rewrite this Python function to be simpler and add comments:\n```python\n{code}\n```",
+]
+CODEIO_TEMPLATES = [
+    "Write a Python function for this task.\n{task}\n{spec}",
+    "{task}\nWrite Python code that solves it.",
+    "Explain how this code works:\n```python\n{code}\n```",
+    "Here is a task: {task}\nDescribe an algorithm to solve it, then write the Python code.",
+]
+CHAT_TEMPLATES = [
+    "Summarize the following text in a few sentences:\n\n{text}",
+    "What is the main point of this passage? Explain briefly.\n\n{text}",
+    "Continue this text with one more paragraph:\n\n{text}",
+    "Write three questions a reader might ask about this text, and answer them:\n\n{text}",
+    "Explain this passage to a 10-year-old:\n\n{text}",
+]
+
+
+def split_of(item_id: str, holdout_every: int = 20) -> str:
+    h = int(hashlib.sha1(item_id.encode()).hexdigest()[:8], 16)
+    return "eval" if h % holdout_every == 0 else "train"
+
+
+def _pkg(name: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed. Fix: pip install --no-deps {pip_name}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def stdlib_code_prompts(max_chars: int = 1800) -> Iterator[dict[str, Any]]:
+    """Functions with docstrings from the CPython stdlib: signature + docstring (+ body for explain/test)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts
+                   and "idlelib" not in p.parts)
+    yield from _function_prompts(files, stdlib, "stdlib", "code-stdlib", max_chars)
+
+
+# Pure-Python packages installed with vLLM whose functions make good "complete / explain" prompts.
+PACKAGE_ROOTS = ("numpy", "transformers", "pydantic", "requests", "jinja2", "setuptools", "fastapi", "starlette",
+                 "httpx", "sympy", "networkx", "rich", "click", "yaml", "tqdm", "aiohttp", "pygments")
+
+
+def package_code_prompts(max_chars: int = 1800) -> Iterator[dict[str, Any]]:
+    """Functions with docstrings from installed pure-Python packages (ids carry the package path)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    for root in PACKAGE_ROOTS:
+        if not (site / root).is_dir():
+            continue
+        files = sorted(p for p in (site / root).rglob("*.py") if "tests" not in p.parts and "test" not in p.parts)
+        yield from _function_prompts(files, site, "pkg", "code-pkgs", max_chars)
+
+
+def _function_prompts(files, base: Path, tag: str, source: str, max_chars: int) -> Iterator[dict[str, Any]]:
+    for f in files:
+        try:
+            src = f.read_text(errors="ignore")
+            tree = ast.parse(src)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        lines = src.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or ast.get_docstring(node) is None:
+                continue
+            body = node.body[0]
+            full = "\n".join(lines[node.lineno - 1: node.end_lineno])
+            head = "\n".join(lines[node.lineno - 1: body.end_lineno])  # signature + docstring
+            if len(full) > max_chars or len(head) < 40:
+                continue
+            fid = f"{tag}:{f.relative_to(base)}:{node.name}:{node.lineno}"
+            t = int(hashlib.sha1(fid.encode()).hexdigest()[:4], 16) % len(CODE_TEMPLATES)
+            code = head if t == 0 else full
+            yield {"id": fid, "source": source, "messages": _chat(CODE_TEMPLATES[t].format(code=code))}
+
+
+def codeio_prompts(max_chars: int = 2500) -> Iterator[dict[str, Any]]:
+    d = _pkg("reasoning_gym", "reasoning-gym==0.1.25") / "data"
+    for name in ("codeio.jsonl.gz", "codeio-hq.jsonl.gz"):
+        with gzip.open(d / name, "rt") as f:
+            for i, line in enumerate(f):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a few records are not JSON; the collector counts prompts, not these
+                rid = f"codeio:{name}:{i}"
+                t = int(hashlib.sha1(rid.encode()).hexdigest()[:4], 16) % len(CODEIO_TEMPLATES)
+                text = CODEIO_TEMPLATES[t].format(task=r.get("task_description", ""), spec=r.get("input_output_spec", ""),
+                                                  code=r.get("code_sample", ""))
+                if len(text) <= max_chars:
+                    yield {"id": rid, "source": "code-codeio", "messages": _chat(text)}
+
+
+def web_chat_prompts(max_chars: int = 1500) -> Iterator[dict[str, Any]]:
+    d = _pkg("evals", "evals==3.0.1.post1") / "registry" / "data" / "schelling_point"
+    for name in ("owt_5.jsonl", "wikipedia_5.jsonl"):
+        with open(d / name) as f:
+            for i, line in enumerate(f):
+                text = json.loads(line).get("0", "").strip()
+                if len(text) < 200:
+                    continue
+                rid = f"web:{name}:{i}"
+                t = int(hashlib.sha1(rid.encode()).hexdigest()[:4], 16) % len(CHAT_TEMPLATES)
+                yield {"id": rid, "source": "chat-web", "messages": _chat(CHAT_TEMPLATES[t].format(text=text[:max_chars]))}
+
+
+SOURCES = {"code-stdlib": stdlib_code_prompts, "code-codeio": codeio_prompts, "chat-web": web_chat_prompts,
+           "code-pkgs": package_code_prompts}
+
+
+def training_prompts(sources: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """All training prompts of the given sources (train split only), shuffled deterministically."""
+    items: list[dict[str, Any]] = []
+    for name in sources or list(SOURCES):
+        if name not in SOURCES:
+            raise ValueError(f"sources: unknown source {name!r}. Fix: use one of {sorted(SOURCES)}")
+        items.extend(it for it in SOURCES[name]() if split_of(it["id"]) == "train")
+    random.Random(seed).shuffle(items)
+    return items
+
+
+def chat_eval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
+    """Held-out chat prompts (1 in 20 web excerpts), never in the training split."""
+    items = [it for it in web_chat_prompts() if split_of(it["id"]) == "eval"]
+    return items[:limit] if limit else items

@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Evaluate a draft with the reference loop: τ, per-position acceptance, histogram, speedup over block size 1."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_dflash.reference import DecodeStats, ReferenceDecoder
+
+
+def load_pair(target: str | Path | None, draft: str | Path, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vllm_dflash.model import DFlashDraftModel
+    from vllm_dflash.target import resolve_target
+
+    tpath = resolve_target(target)
+    tdtype = getattr(torch, dtype)
+    tgt = AutoModelForCausalLM.from_pretrained(str(tpath), dtype=tdtype).eval()
+    tok = AutoTokenizer.from_pretrained(str(tpath))
+    d = DFlashDraftModel.from_pretrained(draft, target=tgt, dtype=tdtype)
+    return tgt, tok, d
+
+
+def evaluate_reference(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
+                       max_new_tokens: int = 256, block_size: int | None = None, diffusion_steps: int | None = None,
+                       baseline: bool = True, dtype: str = "float32", progress: bool = True) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from vllm_dflash.data.prompts import get_prompts, render
+
+    tgt, tok, d = load_pair(target, draft, dtype)
+    items = get_prompts(prompts, limit)
+    ids = [render(tok, it) for it in items]
+    B = block_size or d.config.block_size
+    stop = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    spec = ReferenceDecoder(tgt, d, block_size=B, diffusion_steps=diffusion_steps)
+    stats, spec_tokens, spec_time = DecodeStats(block_size=B), 0, 0.0
+    base_tokens, base_time = 0, 0.0
+    plain = ReferenceDecoder(tgt, None, block_size=1) if baseline else None
+    for p in tqdm(ids, desc="eval", unit="prompt", disable=not progress):
+        r = spec.generate(p, max_new_tokens=max_new_tokens, stop_token_ids=stop)
+        stats.merge(r.stats)
+        spec_tokens += len(r.token_ids)
+        spec_time += r.wall_time_s
+        if plain is not None:
+            t0 = time.perf_counter()
+            rb = plain.generate(p, max_new_tokens=max_new_tokens, stop_token_ids=stop)
+            base_time += time.perf_counter() - t0
+            base_tokens += len(rb.token_ids)
+    report = {
+        "target": str(target or "SmolLM2-135M-Instruct"), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
+        "block_size": B, "diffusion_steps": spec.diffusion_steps, "max_new_tokens": max_new_tokens,
+        "acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
+        "histogram": stats.histogram, "num_steps": stats.num_steps, "output_tokens": spec_tokens,
+        "tokens_per_s": spec_tokens / spec_time if spec_time else 0.0,
+        "draft_time_share": stats.draft_time_s / spec_time if spec_time else 0.0,
+    }
+    if plain is not None:
+        report["baseline_tokens_per_s"] = base_tokens / base_time if base_time else 0.0
+        report["speedup"] = report["tokens_per_s"] / report["baseline_tokens_per_s"] if base_time else 0.0
+    else:
+        report["speedup"] = None
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [f"draft {r['draft']}  on {r['prompts']} ({r['num_prompts']} prompts, {r['max_new_tokens']} new tokens, "
+             f"block {r['block_size']}, diffusion steps {r['diffusion_steps']})",
+             f"  acceptance length τ  {r['acceptance_length']:.3f}  ({r['num_steps']} verify steps)",
+             "  per-position acceptance " + " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
+             "  histogram (tokens/step 1..B) " + " ".join(str(h) for h in r["histogram"]),
+             f"  throughput {r['tokens_per_s']:.1f} tok/s (draft share {100 * r['draft_time_share']:.0f}%)"]
+    if r.get("speedup") is not None:
+        lines.append(f"  speedup over block size 1: {r['speedup']:.2f}x  (baseline {r['baseline_tokens_per_s']:.1f} tok/s)")
+    return "\n".join(lines)

