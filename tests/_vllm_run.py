@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run offline vLLM generations in one fresh process; print one JSON result line per run.
 
-Usage: python tests/_vllm_run.py '<json list of runs>'. A run: model, prompts (token-id lists or
+Usage: python tests/_vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
 overrides, llm_kwargs, expect_error (a substring: the LLM build must fail with it). vLLM's import
 costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
@@ -17,6 +17,8 @@ def run_one(spec: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     os.environ.update(spec.get("env", {}))
+    if spec.get("patch"):  # fault injection for negative controls (test-only)
+        exec(spec["patch"], {})
     kwargs = dict(model=spec["model"], dtype="bfloat16", enforce_eager=True, max_model_len=spec.get("max_model_len", 1024),
                   kv_cache_memory_bytes=spec.get("kv_bytes", 64 << 20), seed=0, max_num_seqs=spec.get("max_num_seqs", 16),
                   disable_log_stats=False)
@@ -53,7 +55,8 @@ def run_one(spec: dict) -> dict:
 
 
 def main() -> None:
-    runs = json.loads(sys.argv[1])
+    arg = sys.argv[1]
+    runs = json.loads(open(arg).read() if os.path.isfile(arg) else arg)
     for spec in runs:
         print("RESULT " + json.dumps(run_one(spec)), flush=True)
 

@@ -26,3 +26,13 @@ def tiny_target(tiny_dir):
     from vllm_dflash.testing import load_target
 
     return load_target(tiny_dir / "target")
+
+
+ASSETS = Path(__file__).parent / "assets" / "tiny-pair"
+
+
+@pytest.fixture(scope="session")
+def pair() -> Path:
+    """Tiny target + trained DFlash drafts (tests/assets/tiny-pair, built by scripts/make_test_assets.py)."""
+    assert (ASSETS / "target" / "config.json").exists(), "run scripts/make_test_assets.py"
+    return ASSETS

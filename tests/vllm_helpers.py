@@ -13,9 +13,16 @@ BASE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM
 
 def run_vllm(runs: list[dict], env: dict | None = None, timeout: int = 1200) -> list[dict]:
     """Run each spec in order in ONE fresh process; return one result dict per run (+ "log" on the first)."""
+    import tempfile
+
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
-    proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(runs)], env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(runs, f)
+    try:
+        proc = subprocess.run([sys.executable, str(RUNNER), f.name], env=full_env, capture_output=True,
+                              text=True, timeout=timeout)
+    finally:
+        os.unlink(f.name)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise AssertionError(f"vLLM run failed (rc={proc.returncode}):\n{log[-8000:]}")

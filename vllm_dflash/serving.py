@@ -74,17 +74,28 @@ class Server:
         self.stop()
         raise TimeoutError(f"vllm serve not healthy after {timeout:.0f}s")
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group, wait for every process in it, SIGKILL what remains."""
+        if self.proc is None:
             return
+        pgid = self.proc.pid
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self.proc.poll()
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(pgid, 0)  # any process of the group left?
             except ProcessLookupError:
-                pass
+                return
+            time.sleep(0.2)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
 
     def __enter__(self) -> "Server":
         return self.start()

@@ -58,9 +58,14 @@ def build_tiny_tokenizer(out: Path, vocab_size: int = 384) -> Path:
 
 def build_tiny_target(out: str | Path, *, arch: str = "qwen3", hidden_size: int = 128, num_layers: int = 4,
                       num_heads: int = 2, num_kv_heads: int = 1, intermediate_size: int = 256,
-                      vocab_size: int = 384, seed: int = 0, init_std: float = 0.08) -> Path:
+                      vocab_size: int = 384, seed: int = 0, init_std: float = 0.08,
+                      predictable: float = 0.0) -> Path:
     """A random target saved as a HF folder (bf16 safetensors + tokenizer). A larger init_std than HF's
-    default gives peaked, position-dependent next-token distributions (useful for sampling tests)."""
+    default gives peaked, position-dependent next-token distributions (useful for sampling tests).
+
+    predictable > 0 ties the embeddings and damps every layer's output projections by that factor's
+    complement, so greedy decoding mostly repeats recent tokens with context-dependent switches: a
+    language a small draft learns in seconds (high but imperfect acceptance for tests)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out)
@@ -75,6 +80,14 @@ def build_tiny_target(out: str | Path, *, arch: str = "qwen3", hidden_size: int 
         model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0))
     else:
         raise ValueError(f"arch: {arch!r}. Fix: use 'qwen3' or 'llama'")
+    if predictable > 0:
+        with torch.no_grad():
+            model.lm_head.weight = model.model.embed_tokens.weight  # tie
+            model.config.tie_word_embeddings = True
+            model.model.embed_tokens.weight.mul_(4.0)
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.mul_(1.0 - predictable)
+                layer.mlp.down_proj.weight.mul_(1.0 - predictable)
     model = model.to(torch.bfloat16)
     model.config.torch_dtype = "bfloat16"
     model.save_pretrained(str(out), safe_serialization=True)
@@ -98,3 +111,16 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+
+
+@torch.no_grad()
+def tiny_trajectories(target, n: int = 32, prompt_len: int = 12, response_len: int = 40, seed: int = 0,
+                      vocab_lo: int = 4) -> list[dict]:
+    """Greedy target trajectories from random prompts, in the collector's record format."""
+    g = torch.Generator().manual_seed(seed)
+    V = target.config.vocab_size
+    prompts = torch.randint(vocab_lo, V, (n, prompt_len), generator=g)
+    out = target.generate(prompts, max_new_tokens=response_len, do_sample=False, pad_token_id=0,
+                          attention_mask=torch.ones_like(prompts), eos_token_id=None)
+    return [{"id": f"tiny-{seed}-{i}", "prompt_ids": prompts[i].tolist(), "response_ids": out[i, prompt_len:].tolist(),
+             "temperature": 0.0} for i in range(n)]

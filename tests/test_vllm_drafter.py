@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Our drafter inside real vLLM (CPU, V1 runner): lossless greedy output, drafts really accepted,
+diffusion steps, stops inside accepted blocks, max_model_len mid-block, upstream drafter selectable."""
+import pytest
+import torch
+
+from vllm_helpers import counter, run_vllm
+
+pytestmark = pytest.mark.vllm
+
+g = torch.Generator().manual_seed(1234)
+PROMPTS = [torch.randint(4, 384, (12,), generator=g).tolist() for _ in range(8)]
+
+
+def _spec(pair, b, k=None, **extra):
+    return {"method": "dflash", "model": str(pair / f"draft-b{b}"), "num_speculative_tokens": k or b - 1, **extra}
+
+
+@pytest.fixture(scope="module")
+def results(pair):
+    t = str(pair / "target")
+    runs = {
+        "base": {"model": t, "prompts": PROMPTS, "max_tokens": 48},
+        "base1": {"model": t, "prompts": PROMPTS[:1], "max_tokens": 48},
+        "b4": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 4)},
+        "b8": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8)},
+        "b16": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 16)},
+        "b8_steps2": {"model": t, "prompts": PROMPTS, "max_tokens": 48,
+                      "speculative_config": _spec(pair, 8, diffusion_steps=2)},
+        "b16_steps2": {"model": t, "prompts": PROMPTS, "max_tokens": 48,
+                       "speculative_config": _spec(pair, 16, diffusion_steps=2)},
+        "b8_k3": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8, k=3)},
+        "b8_single": {"model": t, "prompts": PROMPTS[:1], "max_tokens": 48, "speculative_config": _spec(pair, 8)},
+        "upstream_b8": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8),
+                        "env": {"VLLM_DFLASH_DRAFTER": "vllm"}},
+        "base_short_len": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50},
+        "b8_short_len": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50,
+                         "speculative_config": _spec(pair, 8)},
+    }
+    names = list(runs)
+    out = run_vllm([runs[n] for n in names])
+    return dict(zip(names, out))
+
+
+@pytest.mark.parametrize("name", ["b4", "b8", "b16", "b8_steps2", "b16_steps2", "b8_k3", "upstream_b8"])
+def test_greedy_lossless_batch8(results, name):
+    r = results[name]
+    assert r["tokens"] == results["base"]["tokens"]
+    assert counter(r, "vllm:spec_decode_num_draft_tokens") > 0, "the drafter did not run"
+    assert counter(r, "vllm:spec_decode_num_accepted_tokens") > 0, "no draft was accepted: acceptance paths untested"
+
+
+def test_greedy_lossless_batch1(results):
+    r = results["b8_single"]
+    assert r["tokens"] == results["base1"]["tokens"] and counter(r, "vllm:spec_decode_num_accepted_tokens") > 0
+
+
+def test_max_model_len_mid_block(results):
+    assert results["b8_short_len"]["tokens"] == results["base_short_len"]["tokens"]
+    assert all(len(p) + len(t) <= 50 for p, t in zip(PROMPTS, results["b8_short_len"]["tokens"]))
+
+
+def test_our_drafter_is_active_and_logged(results):
+    log = results["b8"]["log"]
+    assert "vllm_dflash: our DFlash drafter is active" in log
+    assert "diffusion steps 2" in log
+    assert "using vLLM's built-in DFlash drafter" in log
+
+
+def test_acceptance_is_real(results):
+    """Per-position acceptance decreases with position and mean acceptance length is well above 1."""
+    r = results["b8"]
+    drafts, acc = counter(r, "vllm:spec_decode_num_drafts"), counter(r, "vllm:spec_decode_num_accepted_tokens")
+    assert 1 + acc / drafts > 1.5
+
+
+def test_stops_inside_accepted_blocks(pair, results):
+    base = results["base"]["tokens"]
+    stop_ids = sorted({seq[9] for seq in base})  # a token that occurs mid-generation
+    t = str(pair / "target")
+    runs = [{"model": t, "prompts": PROMPTS, "max_tokens": 48, "sampling": {"stop_token_ids": stop_ids}},
+            {"model": t, "prompts": PROMPTS, "max_tokens": 48, "sampling": {"stop_token_ids": stop_ids},
+             "speculative_config": _spec(pair, 8)},
+            {"model": t, "prompts": PROMPTS, "max_tokens": 13},
+            {"model": t, "prompts": PROMPTS, "max_tokens": 13, "speculative_config": _spec(pair, 16)},
+            {"model": t, "prompts": PROMPTS, "max_tokens": 40, "sampling": {"stop": ["e"]}},
+            {"model": t, "prompts": PROMPTS, "max_tokens": 40, "sampling": {"stop": ["e"]},
+             "speculative_config": _spec(pair, 8)}]
+    sb, ss, lb, ls, tb, ts = run_vllm(runs)
+    assert ss["tokens"] == sb["tokens"] and ss["finish"] == sb["finish"]
+    assert all(seq[-1] in stop_ids for seq, f in zip(ss["tokens"], ss["finish"]) if f == "stop")
+    assert ls["tokens"] == lb["tokens"] and all(len(x) == 13 for x in ls["tokens"])
+    assert ts["texts"] == tb["texts"] and ts["finish"] == tb["finish"]

@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Training sequences from collected trajectories, anchor sampling and the block attention mask."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sequence_:
+    id: str
+    tokens: tuple[int, ...]  # prompt + response
+    prompt_len: int
+    greedy: bool
+
+
+class TrajectoryDataset:
+    """Sequences (prompt + target response) with the response span marked; truncated to max_len."""
+
+    def __init__(self, records: Sequence[dict[str, Any]], max_len: int = 640, min_response: int = 4):
+        self.items: list[Sequence_] = []
+        self.skipped = 0
+        for r in records:
+            p, resp = list(r["prompt_ids"]), list(r["response_ids"])
+            toks = (p + resp)[:max_len]
+            if len(toks) - len(p) < min_response:
+                self.skipped += 1
+                continue
+            self.items.append(Sequence_(r["id"], tuple(toks), len(p), float(r.get("temperature", 0.0)) == 0.0))
+
+    @classmethod
+    def from_dir(cls, path: str | Path, **kw) -> "TrajectoryDataset":
+        from vllm_dflash.data.collect import load_records
+
+        return cls(load_records(path), **kw)
+
+    def split(self, eval_fraction: float = 0.02, max_eval: int = 64) -> tuple["TrajectoryDataset", "TrajectoryDataset"]:
+        """Deterministic split by id hash; the eval split keeps greedy records only (teacher-forced τ is exact)."""
+        tr, ev = TrajectoryDataset([]), TrajectoryDataset([])
+        for s in self.items:
+            h = int(hashlib.sha1(s.id.encode()).hexdigest()[:8], 16) / 2**32
+            (ev if (h < eval_fraction and s.greedy and len(ev.items) < max_eval) else tr).items.append(s)
+        return tr, ev
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Sequence_:
+        return self.items[i]
+
+    def num_response_tokens(self) -> int:
+        return sum(len(s.tokens) - s.prompt_len for s in self.items)
+
+
+def sample_anchors(seq: Sequence_, num_anchors: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
+    """Random anchor positions a (sorted) with a >= prompt_len (the first response token is the target's own
+    prefill sample, never drafted) and a <= len - 2 (at least one label). Returns [<= num_anchors]."""
+    lo, hi = seq.prompt_len, len(seq.tokens) - 2
+    if hi < lo:
+        return torch.empty(0, dtype=torch.long)
+    n = hi - lo + 1
+    k = min(num_anchors, n)
+    return (torch.randperm(n, generator=gen)[:k] + lo).sort().values
+
+
+def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
+    """Dense bool mask [A*B, ctx_len + A*B]: query in block i sees context positions < anchors[i] and every
+    token of its own block (non-causal), nothing of other blocks."""
+    A, B = anchors.shape[0], block_size
+    q_block = torch.arange(A * B) // B  # [A*B] block index of each query
+    ctx_ok = torch.arange(ctx_len)[None, :] < anchors[q_block][:, None]  # [A*B, C]
+    blk_ok = q_block[:, None] == q_block[None, :]  # [A*B, A*B]
+    return torch.cat([ctx_ok, blk_ok], dim=1)
+
+
+def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """w_k = exp(-(k-1)/γ) for block positions k = 1..B-1 (γ 7 for B=16, 5 for B=10, 4 for B=8)."""
+    if gamma is None:
+        gamma = {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(block_size / 2.0, 1.0))
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)

@@ -1,0 +1,435 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`BlockDiffusionTrainer`: the DFlash training objective on CPU (or GPU), resumable to the step.
+
+Per sequence: target features of `target_layer_ids` for every position (target frozen); random anchor
+positions inside the response (resampled every epoch); blocks [anchor, MASK x (B-1)] at positions
+a..a+B-1 attending to context < a and to their own block only (block mask); cross-entropy on block
+positions 1..B-1 against the tokens at a+1..a+B-1, weighted exp(-(k-1)/γ), prompt tokens never
+labels. Embedding and lm_head are the target's (frozen); a reduced draft vocabulary restricts the
+output layer to the most frequent response tokens (saved with its d2t map, loadable by vLLM).
+
+Exact resume: data order and anchors derive from (seed, epoch, index); a checkpoint holds weights,
+optimizer, scheduler, RNG states, epoch and position, and is written atomically.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vllm_dflash.model import DFlashDraftModel
+from vllm_dflash.training.data import (TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors)
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: int = 4
+    num_epochs: int = 1
+    max_steps: int | None = None
+    anchors_per_seq: int = 32
+    gamma: float | None = None
+    diffusion_steps: int = 1
+    reveal_prob: float = 0.5  # with diffusion_steps > 1: share of blocks with a revealed clean prefix
+    eval_every: int = 200
+    ckpt_every: int = 100
+    log_every: int = 10
+    seed: int = 0
+    autocast_bf16: bool | None = None  # None: on when the device has fast bf16
+
+
+def _seed_of(*parts: Any) -> int:
+    return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:12], 16)
+
+
+class TargetFeatures:
+    """Frozen target: features of the draft's target layers for whole sequences, optionally cached on disk."""
+
+    def __init__(self, target: torch.nn.Module, layer_ids: tuple[int, ...], cache_dir: str | Path | None = None):
+        self.target = target.eval().requires_grad_(False)
+        self.layer_ids = layer_ids
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        if self.cache_dir:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    @torch.no_grad()
+    def __call__(self, seqs: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """-> [N, S_max, n_feat * H] (zero-padded)."""
+        S = max(len(s.tokens) for s in seqs)
+        out: list[torch.Tensor | None] = [None] * len(seqs)
+        todo = []
+        for i, s in enumerate(seqs):
+            f = self.cache_dir / f"{hashlib.sha1(s.id.encode()).hexdigest()}.pt" if self.cache_dir else None
+            if f is not None and f.exists():
+                out[i] = torch.load(f)
+            else:
+                todo.append(i)
+        if todo:
+            ids = torch.zeros(len(todo), S, dtype=torch.long)
+            att = torch.zeros(len(todo), S, dtype=torch.long)
+            for j, i in enumerate(todo):
+                t = seqs[i].tokens
+                ids[j, : len(t)] = torch.tensor(t)
+                att[j, : len(t)] = 1
+            hs = self.target(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
+            feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # layer l's OUTPUT
+            for j, i in enumerate(todo):
+                out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16 if self.cache_dir else dtype).cpu()
+                if self.cache_dir:
+                    torch.save(out[i].clone(), self.cache_dir / f"{hashlib.sha1(seqs[i].id.encode()).hexdigest()}.pt")
+        full = torch.zeros(len(seqs), S, out[0].shape[-1], dtype=dtype)
+        for i, f in enumerate(out):
+            full[i, : f.shape[0]] = f.to(dtype)
+        return full.to(device)
+
+
+class BlockDiffusionTrainer:
+    def __init__(self, draft_model: DFlashDraftModel, target_model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, block_size: int | None = None,
+                 diffusion_steps: int | None = None, out_dir: str | Path | None = None,
+                 config: TrainConfig | None = None, feature_cache: str | Path | None = None, **overrides: Any):
+        self.cfg = config or TrainConfig()
+        for k, v in overrides.items():
+            if not hasattr(self.cfg, k):
+                raise TypeError(f"BlockDiffusionTrainer: unknown setting {k!r}")
+            setattr(self.cfg, k, v)
+        if diffusion_steps is not None:
+            self.cfg.diffusion_steps = diffusion_steps
+        self.draft = draft_model
+        self.block_size = block_size or draft_model.config.block_size
+        if self.block_size < 2:
+            raise ValueError(f"block_size: {self.block_size} < 2. Fix: use 2 or more (8 or 16 typical)")
+        self.device = next(draft_model.parameters()).device
+        self.target = target_model
+        if not draft_model.is_bound:
+            draft_model.bind_target(target_model.get_input_embeddings().weight.detach().float(),
+                                    target_model.get_output_embeddings().weight.detach().float())
+        self.features = TargetFeatures(target_model, draft_model.config.target_layer_ids, feature_cache)
+        params = [p for p in draft_model.parameters() if p.requires_grad]
+        self.optimizer = optimizer or torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                                                        betas=(0.9, 0.95))
+        self.scheduler = None
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.weights = loss_weights(self.block_size, self.cfg.gamma).to(self.device)
+        # target id -> draft id (-1: outside a reduced vocabulary, excluded from the loss)
+        V = draft_model.config.vocab_size
+        self.t2d = torch.full((V,), -1, dtype=torch.long, device=self.device)
+        self.t2d[draft_model.draft_to_target.to(self.device)] = torch.arange(len(draft_model.draft_to_target), device=self.device)
+        self.state = {"step": 0, "epoch": 0, "pos": 0, "history": []}
+        self._stop = False
+        bf16 = self.cfg.autocast_bf16
+        if bf16 is None:
+            from vllm_dflash.utils import cpu_has_bf16
+
+            bf16 = self.device.type == "cuda" or cpu_has_bf16()
+        self.autocast = bf16
+
+    # ------------------------------------------------------------------ objective
+    def _batch_loss(self, seqs: list, epoch: int, index0: int) -> tuple[torch.Tensor, dict[str, float]]:
+        d, B, dev = self.draft, self.block_size, self.device
+        cfg = d.config
+        N = len(seqs)
+        S = max(len(s.tokens) for s in seqs)
+        feats = self.features(seqs, dev, torch.float32)  # [N, S, F]
+        anchors, A = [], 0
+        gens = []
+        for i, s in enumerate(seqs):
+            g = torch.Generator().manual_seed(_seed_of(self.cfg.seed, epoch, index0 + i))
+            gens.append(g)
+            a = sample_anchors(s, self.cfg.anchors_per_seq, B, g)
+            anchors.append(a)
+            A = max(A, len(a))
+        A = max(A, 1)
+        toks = torch.zeros(N, S + B, dtype=torch.long)
+        lens = torch.tensor([len(s.tokens) for s in seqs])
+        for i, s in enumerate(seqs):
+            toks[i, : len(s.tokens)] = torch.tensor(s.tokens)
+        anc = torch.zeros(N, A, dtype=torch.long)
+        anc_valid = torch.zeros(N, A, dtype=torch.bool)
+        for i, a in enumerate(anchors):
+            anc[i, : len(a)] = a
+            anc_valid[i, : len(a)] = True
+        k = torch.arange(B)
+        pos = anc[:, :, None] + k  # [N, A, B]
+        labels = torch.gather(toks, 1, pos.view(N, -1).clamp(max=S + B - 1)).view(N, A, B)[:, :, 1:]  # [N, A, B-1]
+        lab_valid = (pos[:, :, 1:] < lens[:, None, None]) & anc_valid[:, :, None]
+        ids = torch.full((N, A, B), cfg.mask_token_id, dtype=torch.long)
+        ids[:, :, 0] = torch.gather(toks, 1, anc)
+        revealed = torch.zeros(N, A, B - 1, dtype=torch.bool)
+        if self.cfg.diffusion_steps > 1 and B > 2:
+            for i in range(N):  # clean prefix of r tokens on a share of blocks (multi-step denoising inputs)
+                use = torch.rand(A, generator=gens[i]) < self.cfg.reveal_prob
+                r = torch.randint(1, B - 1, (A,), generator=gens[i]) * use
+                revealed[i] = k[None, : B - 1] < r[:, None]
+            ids[:, :, 1:] = torch.where(revealed & lab_valid, labels, ids[:, :, 1:])
+        mask = torch.stack([block_attention_mask(anc[i], S, B) for i in range(N)])  # [N, A*B, S + A*B]
+        # padded anchor slots: let them see their own block only (no NaN rows); their loss is masked
+        ctx_pos = torch.arange(S)[None].expand(N, S)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.autocast):
+            ctx = d.fuse(feats)
+            ctx_kv = d.context_kv(ctx, ctx_pos.to(dev))
+            hidden = d(d.embed(ids.view(N, A * B).to(dev)), pos.view(N, A * B).to(dev), ctx_kv, mask.to(dev))
+            h = hidden.view(N, A, B, -1)[:, :, 1:]  # [N, A, B-1, H] same-position prediction
+            logits = d.logits(h).float()  # [N, A, B-1, V_draft]
+        tgt = self.t2d[labels.to(dev)]
+        valid = lab_valid.to(dev) & (tgt >= 0) & ~revealed.to(dev)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.clamp(min=0).reshape(-1),
+                             reduction="none").view_as(tgt)
+        w = self.weights[None, None, :] * valid
+        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+        with torch.no_grad():
+            acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
+        return loss, {"loss": float(loss), "acc": float(acc), "tokens": int(valid.sum()),
+                      "oov": float(((tgt < 0) & lab_valid.to(dev)).sum() / lab_valid.sum().clamp(min=1))}
+
+    # ------------------------------------------------------------------ training
+    def _make_scheduler(self, total_steps: int) -> None:
+        warm = max(1, int(self.cfg.warmup_ratio * total_steps))
+
+        def lr_at(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            prog = min(1.0, (step - warm) / max(1, total_steps - warm))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog))  # cosine down to 10%
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_at)
+
+    def train(self, dataset: TrajectoryDataset, batch_size: int | None = None, num_epochs: int | None = None,
+              eval_dataset: TrajectoryDataset | None = None, eval_every: int | None = None,
+              max_steps: int | None = None, progress: bool = True, resume: bool = True) -> dict[str, Any]:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        cfg.batch_size = batch_size or cfg.batch_size
+        cfg.num_epochs = num_epochs or cfg.num_epochs
+        cfg.eval_every = eval_every or cfg.eval_every
+        cfg.max_steps = max_steps if max_steps is not None else cfg.max_steps
+        steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
+        total = cfg.max_steps or steps_per_epoch * cfg.num_epochs
+        self._make_scheduler(total)
+        if resume and self.out_dir and (self.out_dir / "checkpoint" / "trainer_state.pt").exists():
+            self.load_checkpoint(self.out_dir / "checkpoint")
+            logger.info("resumed from step %d (epoch %d, position %d)", self.state["step"], self.state["epoch"], self.state["pos"])
+        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in old:
+            signal.signal(s, self._on_signal)
+        bar = tqdm(total=total, initial=self.state["step"], desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+        t_last, tok_acc = time.perf_counter(), 0
+        try:
+            while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop:
+                e = self.state["epoch"]
+                perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(_seed_of(cfg.seed, "epoch", e)))
+                while self.state["pos"] < len(dataset) and self.state["step"] < total and not self._stop:
+                    p0 = self.state["pos"]
+                    idx = perm[p0: p0 + cfg.batch_size].tolist()
+                    self.draft.train()
+                    loss, info = self._batch_loss([dataset[i] for i in idx], e, p0)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    self.state["pos"] = p0 + len(idx)
+                    self.state["step"] += 1
+                    tok_acc += info["tokens"]
+                    step = self.state["step"]
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{info['acc']:.2f}")
+                    if step % cfg.log_every == 0 or step == total:
+                        dt = time.perf_counter() - t_last
+                        self._log({"step": step, "epoch": e, "loss": info["loss"], "acc": info["acc"],
+                                   "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
+                                   "label_tokens_per_s": tok_acc / max(dt, 1e-9), "oov": info["oov"]})
+                        t_last, tok_acc = time.perf_counter(), 0
+                    if eval_dataset is not None and len(eval_dataset) and step % cfg.eval_every == 0:
+                        self._log({"step": step, **{f"eval_{k}": v for k, v in self.evaluate(eval_dataset, estimate_speedup=False).items()
+                                                   if k in ("acceptance_length", "per_position_acceptance")}})
+                    if self.out_dir and step % cfg.ckpt_every == 0:
+                        self.save_checkpoint()
+                if self.state["pos"] >= len(dataset):
+                    self.state["epoch"] += 1
+                    self.state["pos"] = 0
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            bar.close()
+            if self.out_dir:
+                self.save_checkpoint()
+                self.plot()
+        return {"step": self.state["step"], "epoch": self.state["epoch"], "interrupted": self._stop}
+
+    def _on_signal(self, signum, frame) -> None:
+        logger.warning("signal %d: stopping after this step and checkpointing", signum)
+        self._stop = True
+
+    def _log(self, row: dict[str, Any]) -> None:
+        self.state["history"].append(row)
+        if self.out_dir:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, eval_dataset: TrajectoryDataset, estimate_speedup: bool = True) -> dict[str, Any]:
+        """Teacher-forced replay of the greedy loop on greedy target trajectories: exact τ for those contexts.
+
+        All anchor positions of a sequence are drafted in one batched forward (blocks are independent under
+        the block mask); the loop's walk (anchor -> accept a -> next anchor at +a+1) is then replayed."""
+        d, B = self.draft, self.block_size
+        d.eval()
+        steps = committed = 0
+        acc_pos = [0] * (B - 1)
+        for s in eval_dataset.items:
+            L = len(s.tokens)
+            if L - s.prompt_len < 2:
+                continue
+            anchors = torch.arange(s.prompt_len, L - 1)
+            drafts = self._draft_all(s, anchors)  # [A, B-1] target ids
+            toks = torch.tensor(s.tokens + (0,) * B)
+            p = s.prompt_len
+            while p <= L - 2:
+                row = drafts[p - s.prompt_len]
+                truth = toks[p + 1: p + B]
+                n_left = L - 1 - p
+                match = (row == truth).long()
+                match[n_left:] = 0
+                a = int(torch.cumprod(match, 0).sum())
+                for j in range(a):
+                    acc_pos[j] += 1
+                steps += 1
+                committed += a + 1
+                p += a + 1
+        d.train()
+        tau = committed / steps if steps else 0.0
+        out = {"acceptance_length": tau, "per_position_acceptance": [x / max(steps, 1) for x in acc_pos],
+               "num_steps": steps}
+        if estimate_speedup:
+            out.update(self.estimate_speedup(tau))
+        return out
+
+    def _draft_all(self, s, anchors: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+        d, B, dev = self.draft, self.block_size, self.device
+        feats = self.features([s], dev, torch.float32)
+        S = feats.shape[1]
+        ctx_kv = d.context_kv(d.fuse(feats), torch.arange(S, device=dev)[None])
+        toks = torch.tensor(s.tokens)
+        outs = []
+        for c in range(0, len(anchors), chunk):
+            a = anchors[c: c + chunk]
+            A = len(a)
+            ids = torch.full((1, A, B), d.config.mask_token_id, dtype=torch.long)
+            ids[0, :, 0] = toks[a]
+            pos = (a[:, None] + torch.arange(B)).view(1, -1)
+            mask = block_attention_mask(a, S, B)[None]
+            h = d(d.embed(ids.view(1, -1).to(dev)), pos.to(dev), ctx_kv, mask.to(dev)).view(A, B, -1)[:, 1:]
+            outs.append(d.draft_to_target[d.logits(h).argmax(-1)].cpu())
+        return torch.cat(outs)
+
+    def estimate_speedup(self, tau: float, context: int = 256, reps: int = 3) -> dict[str, float]:
+        """Reference-loop speedup implied by τ: τ·t(target, 1 token) / (t(target, B tokens) + t(draft block))."""
+        from transformers import DynamicCache
+
+        dev, B = self.device, self.block_size
+
+        def timed(fn) -> float:
+            fn()
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t) / reps
+
+        ids = torch.randint(0, self.draft.config.vocab_size, (1, context), device=dev)
+        with torch.no_grad():
+            cache = DynamicCache(config=self.target.config)
+            self.target(input_ids=ids, past_key_values=cache, use_cache=True)
+
+            def target_step(n):
+                def f():
+                    self.target(input_ids=ids[:, :n], past_key_values=cache, use_cache=True)
+                    cache.crop(-n)
+                return f
+
+            t1, tB = timed(target_step(1)), timed(target_step(B))
+            ctx_kv = self.draft.context_kv(torch.zeros(1, context, self.draft.config.hidden_size, device=dev),
+                                           torch.arange(context, device=dev)[None])
+            td = timed(lambda: self.draft.draft_block(ids[0, :1], torch.tensor([context], device=dev), ctx_kv, block_size=B))
+        return {"speedup": tau * t1 / (tB + td), "t_target_1": t1, "t_target_block": tB, "t_draft": td}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str | Path | None = None) -> Path:
+        path = Path(path) if path else self.out_dir / "checkpoint"
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.draft.save_pretrained(tmp, dtype=torch.float32)
+        torch.save({"optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                    "state": self.state, "config": asdict(self.cfg),
+                    "rng": {"torch": torch.get_rng_state()}}, tmp / "trainer_state.pt")
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        sd = load_file(str(path / "model.safetensors"))
+        sd = {k: v for k, v in sd.items() if k not in ("lm_head.weight", "d2t")}
+        self.draft.load_state_dict({k: v.to(self.device) for k, v in sd.items()}, strict=False)
+        st = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(st["optimizer"])
+        if self.scheduler is not None and st["scheduler"] is not None:
+            self.scheduler.load_state_dict(st["scheduler"])
+        self.state = st["state"]
+        torch.set_rng_state(st["rng"]["torch"])
+
+    def export(self, path: str | Path) -> Path:
+        """The draft in serving format (bf16 safetensors + config.json)."""
+        return self.draft.save_pretrained(path, dtype=torch.bfloat16)
+
+    def plot(self) -> Path | None:
+        if not self.out_dir or not self.state["history"]:
+            return None
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        h = self.state["history"]
+        tr = [r for r in h if "loss" in r]
+        ev = [r for r in h if "eval_acceptance_length" in r]
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+        ax[0].plot([r["step"] for r in tr], [r["loss"] for r in tr])
+        ax[0].set(title="training loss (weighted CE)", xlabel="step", ylabel="loss")
+        ax[1].plot([r["step"] for r in ev], [r["eval_acceptance_length"] for r in ev], marker="o")
+        ax[1].set(title="held-out acceptance length τ (block %d)" % self.block_size, xlabel="step", ylabel="τ")
+        for a in ax:
+            a.grid(alpha=0.3)
+        fig.tight_layout()
+        out = self.out_dir / "curves.png"
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        return out
