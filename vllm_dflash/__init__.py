@@ -21,3 +21,24 @@ def register() -> None:
     from vllm_dflash.integration.patches import apply_patches
 
     apply_patches()
+
+
+_LAZY = {
+    "DFlashConfig": "vllm_dflash.config",
+    "DFlashDraftModel": "vllm_dflash.model",
+    "ReferenceDecoder": "vllm_dflash.reference",
+    "SamplingParams": "vllm_dflash.sampling",
+    "BlockDiffusionTrainer": "vllm_dflash.training.trainer",
+    "TrainConfig": "vllm_dflash.training.trainer",
+    "TrajectoryDataset": "vllm_dflash.training.data",
+    "prepare_target": "vllm_dflash.target",
+}
+
+
+def __getattr__(name: str):
+    """Lazy public API (importing the package stays cheap for vLLM's plugin loader)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vllm_dflash' has no attribute {name!r}")

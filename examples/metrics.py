@@ -1,0 +1,15 @@
+"""Read a running server's metrics: python examples/metrics.py [http://127.0.0.1:8000]"""
+import sys
+
+from vllm_dflash.serving import acceptance_length, parse_metrics
+
+if __name__ == "__main__":
+    import urllib.request
+
+    url = (sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000") + "/metrics"
+    m = parse_metrics(urllib.request.urlopen(url).read().decode())
+    print(f"mean acceptance length τ: {acceptance_length(m)}")
+    for name in ("draft_forward_seconds", "kv_injection_seconds", "accepted_tokens_per_step"):
+        s, c = m.get(f"vllm_dflash:{name}_sum", 0.0), m.get(f"vllm_dflash:{name}_count", 0.0)
+        print(f"vllm_dflash:{name}: mean {s / c if c else float('nan'):.4g} over {int(c)} observations")
+    print(f"block size {m.get('vllm_dflash:block_size')}, diffusion steps {m.get('vllm_dflash:diffusion_steps')}")

@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+import math
+
+import pytest
+import torch
+
+from vllm_dflash.model import DFlashDraftModel
+from vllm_dflash.testing import load_target, tiny_trajectories
+from vllm_dflash.training.data import Sequence_, TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors
+from vllm_dflash.training.trainer import BlockDiffusionTrainer
+
+
+def test_block_mask_matches_loop_built_mask():
+    anchors, C, B = torch.tensor([3, 7, 8]), 12, 4
+    got = block_attention_mask(anchors, C, B)
+    want = torch.zeros(len(anchors) * B, C + len(anchors) * B, dtype=torch.bool)
+    for i, a in enumerate(anchors.tolist()):
+        for k in range(B):
+            q = i * B + k
+            for j in range(C):
+                want[q, j] = j < a  # context strictly before the anchor
+            for k2 in range(B):
+                want[q, C + i * B + k2] = True  # own block, non-causal
+    assert torch.equal(got, want)
+
+
+def test_loss_weights():
+    w = loss_weights(8)
+    assert w.shape == (7,) and w[0] == 1.0
+    assert torch.allclose(w, torch.exp(-torch.arange(7) / 4.0))
+    assert torch.allclose(loss_weights(16), torch.exp(-torch.arange(15) / 7.0))
+
+
+def test_anchors_stay_in_the_response():
+    s = Sequence_("x", tuple(range(30)), prompt_len=10, greedy=True)
+    a = sample_anchors(s, 100, 8, torch.Generator().manual_seed(0))
+    assert a.min() >= 10 and a.max() <= 28 and len(a) == 19 and torch.equal(a, a.sort().values)
+
+
+@pytest.fixture(scope="module")
+def data(pair):
+    tgt = load_target(pair / "target")
+    recs = tiny_trajectories(tgt, 48, response_len=24, seed=5)
+    return tgt, TrajectoryDataset(recs[:40]), TrajectoryDataset(recs[40:])
+
+
+def _trainer(pair, tgt, out=None, **kw):
+    torch.manual_seed(0)
+    d = DFlashDraftModel.from_pretrained(pair / "draft-b8", target=tgt)
+    d.init_weights(0.05)
+    return BlockDiffusionTrainer(d, tgt, out_dir=out, lr=3e-3, anchors_per_seq=8, log_every=1, **kw)
+
+
+def test_loss_decreases(pair, data):
+    tgt, train, _ = data
+    t = _trainer(pair, tgt)
+    t.train(train, batch_size=8, num_epochs=4, progress=False)
+    losses = [r["loss"] for r in t.state["history"] if "loss" in r]
+    assert sum(losses[-3:]) / 3 < 0.6 * sum(losses[:3]) / 3
+
+
+def test_resume_after_interruption_is_exact(pair, data, tmp_path):
+    tgt, train, _ = data
+    full = _trainer(pair, tgt, tmp_path / "full", ckpt_every=1000)
+    full.train(train, batch_size=8, num_epochs=2, progress=False)
+    # SIGTERM arrives during step 3: the trainer finishes the step, checkpoints and returns; a fresh
+    # trainer (new process in real life) resumes from disk
+    part = _trainer(pair, tgt, tmp_path / "part", ckpt_every=1000)
+    log = part._log
+
+    def log_and_maybe_interrupt(row):
+        log(row)
+        if row.get("step") == 3:
+            part._on_signal(15, None)
+
+    part._log = log_and_maybe_interrupt
+    out = part.train(train, batch_size=8, num_epochs=2, progress=False)
+    assert out["interrupted"] and out["step"] == 3
+    resumed = _trainer(pair, tgt, tmp_path / "part", ckpt_every=1000)
+    resumed.train(train, batch_size=8, num_epochs=2, progress=False)
+    assert resumed.state["step"] == full.state["step"] == 10
+    for (k, a), (_, b) in zip(full.draft.state_dict().items(), resumed.draft.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert (tmp_path / "part" / "curves.png").exists() and (tmp_path / "part" / "log.jsonl").exists()
+
+
+def test_evaluate_api(pair, data):
+    tgt, _, held = data
+    t = _trainer(pair, tgt)
+    r = t.evaluate(held)
+    assert {"acceptance_length", "per_position_acceptance", "speedup"} <= set(r)
+    assert 1.0 <= r["acceptance_length"] <= 8 and math.isfinite(r["speedup"])
