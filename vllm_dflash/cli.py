@@ -48,6 +48,18 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(a: argparse.Namespace) -> int:
+    from vllm_dflash.training.run import run_train
+
+    res = run_train(data=a.data, out=a.out, target=a.target, num_layers=a.layers, block_size=a.block_size,
+                    draft_vocab_size=a.draft_vocab or None, batch_size=a.batch_size, num_epochs=a.epochs,
+                    max_steps=a.max_steps, lr=a.lr, anchors_per_seq=a.anchors, max_len=a.max_len,
+                    eval_every=a.eval_every, ckpt_every=a.ckpt_every, diffusion_steps=a.diffusion_steps,
+                    feature_cache=a.feature_cache, threads=a.threads)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from vllm_dflash.demo import run_demo
 
@@ -81,6 +93,26 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--ray", type=int, default=0, metavar="N", help="shard over N Ray actors (one vLLM engine each)")
     s.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     s.set_defaults(fn=cmd_collect)
+
+    s = sub.add_parser("train", help="train (or resume) a DFlash draft on collected trajectories")
+    s.add_argument("--data", required=True, help="a collection folder (vllm-dflash collect --out)")
+    s.add_argument("--out", required=True, help="run folder: checkpoint/, log.jsonl, curves.png, draft/ (resumes)")
+    s.add_argument("--target", default=None)
+    s.add_argument("--layers", type=int, default=1)
+    s.add_argument("--block-size", type=int, default=8)
+    s.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary (0 = full)")
+    s.add_argument("--batch-size", type=int, default=4)
+    s.add_argument("--epochs", type=int, default=1)
+    s.add_argument("--max-steps", type=int, default=None)
+    s.add_argument("--lr", type=float, default=6e-4)
+    s.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence")
+    s.add_argument("--max-len", type=int, default=640)
+    s.add_argument("--eval-every", type=int, default=200)
+    s.add_argument("--ckpt-every", type=int, default=50)
+    s.add_argument("--diffusion-steps", type=int, default=1)
+    s.add_argument("--feature-cache", default=None, help="cache target features on disk here")
+    s.add_argument("--threads", type=int, default=None)
+    s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("eval", help="τ, per-position acceptance and speedup of a draft (reference loop)")
     s.add_argument("--target", default=None)

@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vllm-dflash train`: build (or resume) a draft for a target and train it on collected trajectories."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
+
+
+def frequent_vocab(dataset, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `size` most frequent response tokens (sorted ids), plus `always` (e.g. eos): the reduced draft vocabulary."""
+    c = Counter()
+    for s in dataset.items:
+        c.update(s.tokens[s.prompt_len:])
+    ids = set(always) | {t for t, _ in c.most_common(size)}
+    ids = sorted(ids)[: max(size, len(always))]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def run_train(*, data: str, out: str, target: str | None = None, num_layers: int = 1, block_size: int = 8,
+              draft_vocab_size: int | None = 8192, mask_token_id: int = 16, batch_size: int = 4, num_epochs: int = 1,
+              max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32, max_len: int = 640,
+              eval_every: int = 200, ckpt_every: int = 50, diffusion_steps: int = 1, feature_cache: str | None = None,
+              threads: int | None = None) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from vllm_dflash.config import DFlashConfig
+    from vllm_dflash.model import DFlashDraftModel
+    from vllm_dflash.target import resolve_target
+    from vllm_dflash.training.data import TrajectoryDataset
+    from vllm_dflash.training.trainer import BlockDiffusionTrainer
+
+    if threads:
+        torch.set_num_threads(threads)
+    tpath = resolve_target(target)
+    tgt = AutoModelForCausalLM.from_pretrained(str(tpath), dtype=torch.float32).eval()
+    ds = TrajectoryDataset.from_dir(data, max_len=max_len)
+    train, held = ds.split()
+    logger.info("data: %d train sequences (%d response tokens), %d held-out greedy sequences, %d skipped",
+                len(train), train.num_response_tokens(), len(held), ds.skipped)
+    out_dir = Path(out)
+    ckpt = out_dir / "checkpoint"
+    if (ckpt / "config.json").exists():  # resume: the draft architecture comes from the checkpoint
+        draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
+    else:
+        cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
+                                      mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size)
+        draft = DFlashDraftModel(cfg)
+        vocab_ids = None
+        if draft_vocab_size:
+            vocab_ids = frequent_vocab(train, draft_vocab_size, always=(tgt.config.eos_token_id,))
+            draft = DFlashDraftModel(cfg.with_(draft_vocab_size=len(vocab_ids)))
+        draft.bind_target(tgt.get_input_embeddings().weight.detach(), tgt.get_output_embeddings().weight.detach(), vocab_ids)
+    logger.info("draft: %d layers, block %d, %.1fM trainable parameters, draft vocabulary %s",
+                draft.config.num_hidden_layers, draft.config.block_size, draft.num_parameters() / 1e6,
+                draft.config.draft_vocab_size or "full")
+    trainer = BlockDiffusionTrainer(draft, tgt, out_dir=out_dir, lr=lr, anchors_per_seq=anchors_per_seq,
+                                    ckpt_every=ckpt_every, diffusion_steps=diffusion_steps, feature_cache=feature_cache)
+    result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held,
+                           eval_every=eval_every, max_steps=max_steps)
+    report = trainer.evaluate(held) if len(held) else {}
+    trainer.export(out_dir / "draft")
+    (out_dir / "report.json").write_text(json.dumps({"train": result, "eval": report}, indent=1))
+    return {"train": result, "eval": report, "draft": str(out_dir / "draft")}
