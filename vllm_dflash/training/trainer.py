@@ -195,7 +195,7 @@ class BlockDiffusionTrainer:
         loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
         with torch.no_grad():
             acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
-        return loss, {"loss": float(loss), "acc": float(acc), "tokens": int(valid.sum()),
+        return loss, {"loss": float(loss.detach()), "acc": float(acc), "tokens": int(valid.sum()),
                       "oov": float(((tgt < 0) & lab_valid.to(dev)).sum() / lab_valid.sum().clamp(min=1))}
 
     # ------------------------------------------------------------------ training
