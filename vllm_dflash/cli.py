@@ -41,9 +41,16 @@ def cmd_collect(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     from vllm_dflash.evaluate import evaluate_reference, format_report
 
-    report = evaluate_reference(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
-                                max_new_tokens=a.max_new_tokens, block_size=a.block_size,
-                                diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, dtype=a.dtype)
+    if a.engine == "vllm":
+        from vllm_dflash.evaluate_vllm import evaluate_vllm
+
+        report = evaluate_vllm(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
+                               max_new_tokens=a.max_new_tokens, block_size=a.block_size,
+                               diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, concurrency=a.concurrency)
+    else:
+        report = evaluate_reference(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
+                                    max_new_tokens=a.max_new_tokens, block_size=a.block_size,
+                                    diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, dtype=a.dtype)
     print(json.dumps(report) if a.json else format_report(report))
     return 0
 
@@ -123,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--block-size", type=int, default=None)
     s.add_argument("--diffusion-steps", type=int, default=None)
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    s.add_argument("--no-baseline", action="store_true", help="skip the block-size-1 run (no speedup figure)")
+    s.add_argument("--no-baseline", action="store_true", help="skip the baseline run (no speedup figure)")
+    s.add_argument("--engine", default="reference", choices=["reference", "vllm"],
+                   help="reference: the PyTorch loop (baseline = block size 1); vllm: offline vLLM with our drafter "
+                        "(baseline = vLLM without speculation)")
+    s.add_argument("--concurrency", type=int, default=1, help="requests in flight (vllm engine)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
 

@@ -68,12 +68,13 @@ def evaluate_reference(*, target: str | None, draft: str | Path, prompts: str, l
 
 
 def format_report(r: dict[str, Any]) -> str:
-    lines = [f"draft {r['draft']}  on {r['prompts']} ({r['num_prompts']} prompts, {r['max_new_tokens']} new tokens, "
+    lines = [f"[{r.get('engine', 'reference')}] draft {r['draft']}  on {r['prompts']} ({r['num_prompts']} prompts, {r['max_new_tokens']} new tokens, "
              f"block {r['block_size']}, diffusion steps {r['diffusion_steps']})",
              f"  acceptance length τ  {r['acceptance_length']:.3f}  ({r['num_steps']} verify steps)",
              "  per-position acceptance " + " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
              "  histogram (tokens/step 1..B) " + " ".join(str(h) for h in r["histogram"]),
              f"  throughput {r['tokens_per_s']:.1f} tok/s (draft share {100 * r['draft_time_share']:.0f}%)"]
     if r.get("speedup") is not None:
-        lines.append(f"  speedup over block size 1: {r['speedup']:.2f}x  (baseline {r['baseline_tokens_per_s']:.1f} tok/s)")
+        base = "no speculation" if r.get("engine") == "vllm" else "block size 1"
+        lines.append(f"  speedup over {base}: {r['speedup']:.2f}x  (baseline {r['baseline_tokens_per_s']:.1f} tok/s)")
     return "\n".join(lines)

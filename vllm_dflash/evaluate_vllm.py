@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Evaluate a draft through vLLM (offline LLM, in this process): τ and per-position acceptance from vLLM's
+spec-decode counters, histogram from our accepted-per-step metric, speedup = output tokens/s with our drafter
+over the same engine settings without speculation. Both runs use the same prompts, greedy, one at a time
+(concurrency 1) unless `concurrency` says otherwise."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> tuple[float, int, dict]:
+    import gc
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**llm_kwargs)
+    sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:16])], SamplingParams(max_tokens=4), use_tqdm=False)
+    t0, n = time.perf_counter(), 0
+    for i in range(0, len(prompts), concurrency):
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[i: i + concurrency]], sp, use_tqdm=False)
+        n += sum(len(o.outputs[0].token_ids) for o in outs)
+    dt = time.perf_counter() - t0
+    metrics = {m.name: (list(m.values) if hasattr(m, "values") else getattr(m, "value", None))
+               for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode")}
+    del llm
+    gc.collect()
+    return dt, n, metrics
+
+
+def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
+                  max_new_tokens: int = 256, block_size: int | None = None, diffusion_steps: int | None = None,
+                  baseline: bool = True, concurrency: int = 1) -> dict[str, Any]:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from transformers import AutoTokenizer
+
+    import vllm_dflash
+    from vllm_dflash.config import DFlashConfig
+    from vllm_dflash.data.prompts import get_prompts, render
+    from vllm_dflash.metrics import ensure_metrics_dir, merged, read_snapshots
+    from vllm_dflash.target import resolve_target
+    from vllm_dflash.utils import default_dtype
+
+    vllm_dflash.register()
+    tpath = resolve_target(target)
+    tok = AutoTokenizer.from_pretrained(str(tpath))
+    ids = [render(tok, it) for it in get_prompts(prompts, limit)]
+    cfg = DFlashConfig.from_pretrained(draft)
+    B = block_size or cfg.block_size
+    spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": B - 1}
+    if diffusion_steps:
+        spec["diffusion_steps"] = diffusion_steps
+    common = dict(model=str(tpath), dtype=default_dtype(), enforce_eager=True, max_model_len=2048,
+                  kv_cache_memory_bytes=512 << 20, max_num_seqs=max(concurrency, 1), disable_log_stats=False)
+    ensure_metrics_dir()
+    dt, n, m = _run({**common, "speculative_config": spec}, ids, max_new_tokens, concurrency)
+    drafts = float(m.get("vllm:spec_decode_num_drafts") or 0)
+    acc = float(m.get("vllm:spec_decode_num_accepted_tokens") or 0)
+    per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
+    hist = merged(read_snapshots())["hists"]["accepted_tokens_per_step"]["counts"][:B]
+    report = {"engine": "vllm", "target": str(tpath), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
+              "block_size": B, "diffusion_steps": diffusion_steps or cfg.diffusion_steps, "max_new_tokens": max_new_tokens,
+              "concurrency": concurrency, "acceptance_length": 1 + acc / drafts if drafts else 0.0,
+              "per_position_acceptance": [p / drafts for p in per_pos] if drafts else [],
+              "histogram": hist, "num_steps": int(drafts), "output_tokens": n, "tokens_per_s": n / dt,
+              "draft_time_share": 0.0}
+    if baseline:
+        bdt, bn, _ = _run(common, ids, max_new_tokens, concurrency)
+        report["baseline_tokens_per_s"] = bn / bdt
+        report["speedup"] = report["tokens_per_s"] / report["baseline_tokens_per_s"]
+    else:
+        report["speedup"] = None
+    return report
