@@ -63,7 +63,8 @@ def test_max_model_len_mid_block(results):
 def test_our_drafter_is_active_and_logged(results):
     log = results["b8"]["log"]
     assert "vllm_dflash: our DFlash drafter is active" in log
-    assert "diffusion steps 2" in log
+    # exactly the two runs configured with diffusion_steps=2 use it (the key must not leak into later LLMs)
+    assert log.count("diffusion steps 2,") == 2 and log.count("diffusion steps 1,") == 6
     assert "using vLLM's built-in DFlash drafter" in log
 
 

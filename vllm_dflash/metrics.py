@@ -46,9 +46,13 @@ COUNTERS = {"draft_steps": "Drafter invocations (one per engine step with drafti
 
 def ensure_metrics_dir() -> Path:
     d = os.environ.get(ENV_DIR)
-    if not d:
+    if not d:  # the first process (API server / offline LLM) owns the directory and removes it at exit
+        import atexit
+        import shutil
+
         d = tempfile.mkdtemp(prefix="vllm_dflash_metrics_")
         os.environ[ENV_DIR] = d
+        atexit.register(shutil.rmtree, d, True)
     Path(d).mkdir(parents=True, exist_ok=True)
     return Path(d)
 

@@ -19,7 +19,14 @@ PLUGIN_KEYS = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS",
 SUPPORTED_BLOCK_SIZES = (4, 8, 16)
 
 
+# The user's own environment before any speculative config touched it: a config without our key must not
+# inherit the value a previous LLM(...) in the same process set.
+_USER_ENV = {env: os.environ.get(env) for env in PLUGIN_KEYS.values()}
+
+
 def pop_plugin_keys(spec: dict[str, Any]) -> dict[str, Any]:
+    """Remove our keys from a speculative-config dict, validate them, and publish them as env vars for the engine
+    and worker processes (precedence: the config's key > the user's own env var > the drafter's default)."""
     ours = {k: spec.pop(k) for k in list(spec) if k in PLUGIN_KEYS}
     if "diffusion_steps" in ours:
         v = ours["diffusion_steps"]
@@ -29,8 +36,13 @@ def pop_plugin_keys(spec: dict[str, Any]) -> dict[str, Any]:
         v = ours["confidence_threshold"]
         if not isinstance(v, (int, float)) or not 0.0 < float(v) <= 1.0:
             raise DFlashConfigError("speculative_config.confidence_threshold", f"got {v!r}", "use a number in (0, 1]")
-    for k, v in ours.items():
-        os.environ[PLUGIN_KEYS[k]] = str(v)
+    for key, env in PLUGIN_KEYS.items():
+        if key in ours:
+            os.environ[env] = str(ours[key])
+        elif _USER_ENV[env] is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = _USER_ENV[env]
     return ours
 
 

@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+import os
+
+import pytest
+
+from vllm_dflash.config import DFlashConfigError
+from vllm_dflash.integration import validation as v
+
+
+def test_plugin_keys_do_not_leak_between_configs(monkeypatch):
+    monkeypatch.setitem(v._USER_ENV, "VLLM_DFLASH_DIFFUSION_STEPS", None)
+    spec = {"method": "dflash", "model": "d", "diffusion_steps": 2}
+    assert v.pop_plugin_keys(spec) == {"diffusion_steps": 2} and "diffusion_steps" not in spec
+    assert os.environ["VLLM_DFLASH_DIFFUSION_STEPS"] == "2"
+    v.pop_plugin_keys({"method": "dflash", "model": "d"})  # a later LLM(...) without the key
+    assert "VLLM_DFLASH_DIFFUSION_STEPS" not in os.environ
+    monkeypatch.setitem(v._USER_ENV, "VLLM_DFLASH_DIFFUSION_STEPS", "3")  # the user's own env var wins then
+    v.pop_plugin_keys({"method": "dflash", "model": "d"})
+    assert os.environ.pop("VLLM_DFLASH_DIFFUSION_STEPS") == "3"
+
+
+@pytest.mark.parametrize("key, value", [("diffusion_steps", 0), ("diffusion_steps", 1.5), ("diffusion_steps", True),
+                                        ("confidence_threshold", 0.0), ("confidence_threshold", 2)])
+def test_plugin_key_validation(key, value):
+    with pytest.raises(DFlashConfigError, match=key):
+        v.pop_plugin_keys({key: value})
