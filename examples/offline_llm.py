@@ -12,7 +12,7 @@ if __name__ == "__main__":  # vLLM spawns processes on CPU: keep the guard
 
     target = prepare_target()
     draft, untrained = ensure_draft(sys.argv[1] if len(sys.argv) > 1 else "models/SmolLM2-135M-Instruct-DFlash-b8", target)
-    llm = LLM(model=str(target), dtype=default_dtype(), enforce_eager=True, max_model_len=2048,
+    llm = LLM(model=str(target), dtype=default_dtype(), enforce_eager=True, max_model_len=2048, disable_log_stats=False,
               speculative_config={"method": "dflash", "model": str(draft), "num_speculative_tokens": 7})
     out = llm.chat([[{"role": "user", "content": "Write a Python function that reverses a string."}]],
                    SamplingParams(temperature=0.0, max_tokens=128))
