@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_dflash.model import apply_rope, rms_norm
+
 
 @dataclass(frozen=True)
 class KVInjectionWeights:
@@ -38,21 +40,14 @@ class KVInjectionWeights:
             raise ValueError(f"cos_sin_cache: last dim {self.cos_sin_cache.shape[-1]} != head_dim {hd}")
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return x.to(dtype) * w.to(dtype)
-
-
 def _rope_from_cache(k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, neox: bool) -> torch.Tensor:
-    """k [..., T, nkv, hd], positions [T] -> rotated k (positions beyond the cache are computed on the fly)."""
+    """k [..., T, nkv, hd], positions [T] -> rotated k, cos/sin looked up in vLLM's cache layout."""
     hd = k.shape[-1]
     cs = cache[positions].to(k.dtype)  # [T, hd]; callers check positions < cache rows (no host sync here)
-    cos, sin = cs[..., : hd // 2].unsqueeze(-2), cs[..., hd // 2:].unsqueeze(-2)  # [T, 1, hd/2]
+    cos, sin = cs[..., : hd // 2], cs[..., hd // 2:]  # [T, hd/2]
     if neox:
-        k1, k2 = k[..., : hd // 2], k[..., hd // 2:]
-        return torch.cat((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1)
+        return apply_rope(k, cos, sin)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # interleaved (GPT-J) layout
     k1, k2 = k[..., 0::2], k[..., 1::2]
     return torch.stack((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1).flatten(-2)
 
@@ -62,9 +57,9 @@ def inject_context_kv_reference(ctx: torch.Tensor, positions: torch.Tensor, w: K
     """ctx [T, H], positions [T] -> K, V [L, T, nkv, hd] (pure PyTorch, one GEMM for all layers)."""
     T = ctx.shape[0]
     L, nkv, hd = w.num_layers, w.num_kv_heads, w.head_dim
-    x = _rms(ctx, w.hidden_norm_weight, w.eps)
+    x = rms_norm(ctx, w.hidden_norm_weight, w.eps)
     kv = (x @ w.kv_weight.to(x.dtype).t()).view(T, L, 2, nkv, hd).permute(2, 1, 0, 3, 4)  # [2, L, T, nkv, hd]
-    k = _rms(kv[0], w.k_norm_weight.to(x.dtype)[:, None, None, :], w.eps)
+    k = rms_norm(kv[0], w.k_norm_weight[:, None, None, :], w.eps)
     k = _rope_from_cache(k, positions, w.cos_sin_cache, w.is_neox)
     return k.contiguous(), kv[1].contiguous()
 
