@@ -58,17 +58,18 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
                 continue
             attn.impl.do_kv_cache_update(attn, k[i], v[i], attn.kv_cache, slots)
 
+    def _to_target_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (vLLM's d2t offsets; identity for the full vocabulary)."""
+        if self.draft_id_to_target_id is None:
+            return idx
+        return idx + self.draft_id_to_target_id[idx]
+
     def draft_confidence(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [N, H] -> (max probability [N], argmax as target ids [N])."""
         logits = self.logits_processor(self.lm_head, hidden_states)  # [N, V_draft]
         conf, idx = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-        if self.draft_id_to_target_id is not None:
-            idx = idx + self.draft_id_to_target_id[idx]
-        return conf, idx
+        return conf, self._to_target_ids(idx)
 
     def draft_argmax(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = self.logits_processor(self.lm_head, hidden_states)
-        idx = logits.argmax(dim=-1)
-        if self.draft_id_to_target_id is not None:
-            idx = idx + self.draft_id_to_target_id[idx]
-        return idx
+        """hidden [N, H] -> argmax as target ids [N] (no softmax: the last denoising pass)."""
+        return self._to_target_ids(self.logits_processor(self.lm_head, hidden_states).argmax(dim=-1))

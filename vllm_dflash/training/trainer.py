@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_dflash.model import DFlashDraftModel
+from vllm_dflash.reference import DecodeStats
 from vllm_dflash.training.data import (TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors)
 from vllm_dflash.utils import get_logger
 
@@ -294,8 +295,7 @@ class BlockDiffusionTrainer:
         the block mask); the loop's walk (anchor -> accept a -> next anchor at +a+1) is then replayed."""
         d, B = self.draft, self.block_size
         d.eval()
-        steps = committed = 0
-        acc_pos = [0] * (B - 1)
+        stats = DecodeStats(block_size=B)
         for s in eval_dataset.items:
             L = len(s.tokens)
             if L - s.prompt_len < 2:
@@ -311,17 +311,13 @@ class BlockDiffusionTrainer:
                 match = (row == truth).long()
                 match[n_left:] = 0
                 a = int(torch.cumprod(match, 0).sum())
-                for j in range(a):
-                    acc_pos[j] += 1
-                steps += 1
-                committed += a + 1
+                stats.record(B - 1, a)
                 p += a + 1
         d.train()
-        tau = committed / steps if steps else 0.0
-        out = {"acceptance_length": tau, "per_position_acceptance": [x / max(steps, 1) for x in acc_pos],
-               "num_steps": steps}
+        out = {"acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
+               "histogram": stats.histogram, "num_steps": stats.num_steps}
         if estimate_speedup:
-            out.update(self.estimate_speedup(tau))
+            out.update(self.estimate_speedup(stats.acceptance_length))
         return out
 
     def _draft_all(self, s, anchors: torch.Tensor, chunk: int = 64) -> torch.Tensor:
