@@ -41,7 +41,7 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     import vllm_dflash
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.data.prompts import get_prompts, render
-    from vllm_dflash.metrics import ensure_metrics_dir, merged, read_snapshots
+    from vllm_dflash.metrics import MetricsSink, ensure_metrics_dir, merged, read_snapshots
     from vllm_dflash.target import resolve_target
     from vllm_dflash.utils import default_dtype
 
@@ -61,13 +61,16 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     drafts = float(m.get("vllm:spec_decode_num_drafts") or 0)
     acc = float(m.get("vllm:spec_decode_num_accepted_tokens") or 0)
     per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
-    hist = merged(read_snapshots())["hists"]["accepted_tokens_per_step"]["counts"][:B]
+    MetricsSink.get().flush(force=True)  # in-process engine: this process's drafter and scheduler share the sink
+    hists = merged(read_snapshots())["hists"]
+    hist = hists["accepted_tokens_per_step"]["counts"][:B]
+    draft_s = hists["draft_forward_seconds"]["sum"] + hists["kv_injection_seconds"]["sum"]
     report = {"engine": "vllm", "target": str(tpath), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
               "block_size": B, "diffusion_steps": diffusion_steps or cfg.diffusion_steps, "max_new_tokens": max_new_tokens,
               "concurrency": concurrency, "acceptance_length": 1 + acc / drafts if drafts else 0.0,
               "per_position_acceptance": [p / drafts for p in per_pos] if drafts else [],
               "histogram": hist, "num_steps": int(drafts), "output_tokens": n, "tokens_per_s": n / dt,
-              "draft_time_share": 0.0}
+              "draft_time_share": draft_s / dt}
     if baseline:
         bdt, bn, _ = _run(common, ids, max_new_tokens, concurrency)
         report["baseline_tokens_per_s"] = bn / bdt
