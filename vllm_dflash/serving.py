@@ -41,6 +41,7 @@ class Server:
     max_model_len: int = 2048
     log_path: str | None = None
     proc: subprocess.Popen | None = None
+    _log: Any = None  # the open log file (closed by stop())
 
     @property
     def url(self) -> str:
@@ -57,11 +58,13 @@ class Server:
     def start(self, timeout: float = 300.0) -> "Server":
         self.port = self.port or free_port()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **self.env}
-        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._log = open(self.log_path, "w") if self.log_path else None
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log or subprocess.DEVNULL,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                self.stop()  # closes the log file
                 raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} during start-up"
                                    + (f"; log: {self.log_path}" if self.log_path else ""))
             try:
@@ -78,6 +81,14 @@ class Server:
         """SIGTERM the server's process group, wait for every process in it, SIGKILL what remains."""
         if self.proc is None:
             return
+        try:
+            self._terminate_group(timeout)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    def _terminate_group(self, timeout: float) -> None:
         pgid = self.proc.pid
         try:
             os.killpg(pgid, signal.SIGTERM)
