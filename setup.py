@@ -37,7 +37,7 @@ def _extensions():
     cpu_src = ROOT / "csrc" / "kv_injection_cpu.cpp"
     if not cpu_src.exists():
         return [], {}
-    flags = ["-O3", "-fopenmp", "-std=c++17"]
+    flags = ["-O3", "-fopenmp", "-std=c++20"]
     exts = [
         cpp_extension.CppExtension(
             "vllm_dflash._C",

@@ -47,6 +47,13 @@ $UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeou
 # This package, editable; --no-build-isolation so the csrc/ extension builds against the installed torch.
 echo ">> installing vllm_dflash (editable)"
 $UV --no-deps --no-build-isolation -e .
+# The csrc/ CPU kernel next to the sources (editable installs do not always build it in place); without it the
+# package runs on its PyTorch reference ops and says so once.
+if ! "$VENV/bin/python" -c "import vllm_dflash._C" 2>/dev/null; then
+  echo ">> building the csrc/ kernels (C++, OpenMP; a minute or two)"
+  "$VENV/bin/python" setup.py -q build_ext --inplace > "$VENV/csrc-build.log" 2>&1 \
+    || echo "!! csrc/ build failed (see $VENV/csrc-build.log): KV injection falls back to the PyTorch reference path"
+fi
 # This image sets PYTHONDONTWRITEBYTECODE=1: without precompiled bytecode every `import vllm` recompiles
 # ~2,000 modules (35 s instead of 15 s). Compile once.
 if [ ! -f "$VENV/.bytecode-compiled" ]; then
@@ -54,4 +61,4 @@ if [ ! -f "$VENV/.bytecode-compiled" ]; then
   "$VENV/bin/python" -m compileall -q -j 0 "$SITE" > /dev/null 2>&1 || true
   touch "$VENV/.bytecode-compiled"
 fi
-"$VENV/bin/python" -c "import vllm_dflash, vllm, torch; print('ok: vllm', vllm.__version__, 'torch', torch.__version__, 'vllm_dflash', vllm_dflash.__version__)"
+"$VENV/bin/python" -c "import vllm_dflash, vllm, torch; from vllm_dflash.ops._ext import fused_available; print('ok: vllm', vllm.__version__, 'torch', torch.__version__, 'vllm_dflash', vllm_dflash.__version__, 'fused kernels', fused_available(torch.device('cpu')))"

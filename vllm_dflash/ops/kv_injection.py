@@ -1,21 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""KV injection: fused target features -> every draft layer's context K/V.
+"""KV injection: fused target features -> every draft layer's context K/V (and paged cache).
 
 For context rows ctx [T, H] (already `fc`-projected), positions [T]:
     x      = hidden_norm(ctx)                               # [T, H]
     kv_l   = x @ W_kv[l].T                                  # one GEMM for all layers: [T, L * 2 * kv]
     K_l    = RoPE(k_norm_l(kv_l[:kv]), positions)           # [T, nkv, hd]
     V_l    = kv_l[kv:]                                      # [T, nkv, hd]
-`inject_context_kv` returns K, V [L, T, nkv, hd]; the caller writes them into the paged caches.
 `inject_context_kv_reference` is the readable PyTorch definition every faster path is tested against.
+`inject_context_kv` returns K, V [L, T, nkv, hd]; `inject_context_kv_to_cache` also writes them into the
+draft layers' paged caches (fused: straight from the kernel epilogue, no K/V intermediates).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
 from vllm_dflash.model import apply_rope, rms_norm
+from vllm_dflash.ops._ext import fused_available
+
+# Paged-cache layouts the fused CPU kernel writes (vLLM 0.32 CPU attention, ISA "vec" / "vec16"):
+# cache [num_blocks, nkv, block_size, 2*hd]; per (block, head) K as [hd, block_size], then V as [block_size, hd].
+CPU_VEC_LAYOUT = "cpu-vec"
+# vLLM 0.32 CUDA backends: logical [num_blocks, nkv, block_size, 2*hd], K in [..., :hd], V in [..., hd:], any strides.
+CUDA_LAYOUT = "cuda-bhnc"
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,29 @@ def inject_context_kv_reference(ctx: torch.Tensor, positions: torch.Tensor, w: K
     return k.contiguous(), kv[1].contiguous()
 
 
-def inject_context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checked entry point: validates shapes / dtypes / devices, then runs the fastest available path."""
+def write_cache_reference(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache: torch.Tensor,
+                          layout: str) -> None:
+    """k, v [T, nkv, hd] -> cache at slot_mapping [<= T] (-1 skipped), in `layout` (pure PyTorch)."""
+    nb, nkv, bs, two_hd = cache.shape
+    hd = two_hd // 2
+    n = slot_mapping.shape[0]
+    ok = slot_mapping >= 0
+    s = slot_mapping[ok]
+    k, v = k[:n][ok], v[:n][ok]  # [n_ok, nkv, hd]
+    blk, off = s // bs, s % bs
+    if layout == CPU_VEC_LAYOUT:
+        kc = cache.view(nb, nkv, 2, bs * hd)[:, :, 0].view(nb, nkv, hd, bs)
+        vc = cache.view(nb, nkv, 2, bs * hd)[:, :, 1].view(nb, nkv, bs, hd)
+        kc[blk, :, :, off] = k.to(cache.dtype)  # advanced indices first: [n_ok, nkv, hd]
+        vc[blk, :, off] = v.to(cache.dtype)
+    elif layout == CUDA_LAYOUT:
+        cache[blk, :, off, :hd] = k.to(cache.dtype)
+        cache[blk, :, off, hd:] = v.to(cache.dtype)
+    else:
+        raise ValueError(f"layout: unknown {layout!r}; expected {CPU_VEC_LAYOUT!r} or {CUDA_LAYOUT!r}")
+
+
+def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights) -> None:
     if ctx.dim() != 2 or ctx.shape[1] != w.hidden_norm_weight.shape[0]:
         raise ValueError(f"ctx: expected [T, {w.hidden_norm_weight.shape[0]}], got {tuple(ctx.shape)}")
     if positions.shape != (ctx.shape[0],):
@@ -76,4 +105,54 @@ def inject_context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjection
     if ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
         raise ValueError(f"positions: max {int(positions.max())} is beyond the RoPE cache ({w.cos_sin_cache.shape[0]} "
                          "rows). Fix: raise the draft's max_position_embeddings")
+
+
+def _fused_ok(ctx: torch.Tensor, w: KVInjectionWeights) -> bool:
+    return (ctx.dtype in (torch.float32, torch.bfloat16) and fused_available(ctx.device)
+            and w.head_dim % 2 == 0 and w.head_dim <= 512
+            and all(t.dtype == ctx.dtype for t in (w.hidden_norm_weight, w.kv_weight, w.k_norm_weight, w.cos_sin_cache)))
+
+
+def _fused_args(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights):
+    return (ctx.contiguous(), positions.to(torch.long).contiguous(), w.hidden_norm_weight.contiguous(),
+            w.kv_weight.contiguous(), w.k_norm_weight.contiguous(), w.cos_sin_cache.contiguous())
+
+
+def inject_context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked entry point -> K, V [L, T, nkv, hd]: the fused kernel when available, else the reference."""
+    _check(ctx, positions, w)
+    if _fused_ok(ctx, w):
+        return torch.ops.vllm_dflash.fused_context_kv(*_fused_args(ctx, positions, w), w.num_kv_heads, w.head_dim,
+                                                      float(w.eps), bool(w.is_neox))
     return inject_context_kv_reference(ctx, positions, w)
+
+
+def inject_context_kv_to_cache(ctx: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                               w: KVInjectionWeights, caches: Sequence[torch.Tensor], layout: str | None,
+                               write_fallback: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None) -> str:
+    """K/V of the context rows written into every layer's paged cache at slot_mapping (-1 = padding).
+
+    layout: CPU_VEC_LAYOUT / CUDA_LAYOUT for the fused kernel, None for a cache the kernel does not know;
+    then K/V are computed (fused when possible) and `write_fallback(layer, k, v)` stores them (e.g. vLLM's
+    own do_kv_cache_update). Returns the path taken ("fused", "fused-compute", "reference")."""
+    _check(ctx, positions, w)
+    if len(caches) != w.num_layers:
+        raise ValueError(f"caches: {len(caches)} given, the draft has {w.num_layers} layers")
+    fused = _fused_ok(ctx, w)
+    cache_ok = (layout == CPU_VEC_LAYOUT and ctx.device.type == "cpu") or (layout == CUDA_LAYOUT and ctx.device.type == "cuda")
+    cache_ok = cache_ok and all(c.dtype == ctx.dtype and c.dim() == 4 and c.stride(-1) == 1 for c in caches)
+    if layout == CPU_VEC_LAYOUT:
+        cache_ok = cache_ok and all(c.stride(2) == c.shape[3] for c in caches)
+    if fused and cache_ok:
+        torch.ops.vllm_dflash.fused_context_kv_to_cache(
+            *_fused_args(ctx, positions, w)[:2], slot_mapping.to(torch.long).contiguous(),
+            *_fused_args(ctx, positions, w)[2:], list(caches), w.num_kv_heads, w.head_dim, float(w.eps), bool(w.is_neox))
+        return "fused"
+    k, v = inject_context_kv(ctx, positions, w)
+    for i in range(w.num_layers):
+        if write_fallback is not None:
+            write_fallback(i, k[i], v[i])
+        else:
+            write_cache_reference(k[i], v[i], slot_mapping, caches[i], layout or CPU_VEC_LAYOUT)
+    return "fused-compute" if fused else "reference"

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA implementations of torch.ops.vllm_dflash.fused_context_kv{,_to_cache} (the schemas are defined by the
+// CPU extension vllm_dflash._C, which must be imported first; vllm_dflash/ops/_ext.py does that).
+//
+// hidden RMSNorm (one block per row) -> ONE cuBLAS GEMM for all draft layers (at::mm) -> fused
+// k_norm + RoPE + paged-cache scatter (one warp per token x layer x kv head, kernels in
+// kv_injection_cuda_kernels.cuh). No host synchronisation: positions are not range-checked on the host;
+// a token whose position is outside the RoPE cache is not written (the CPU path raises instead).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "kv_injection_cuda_kernels.cuh"
+
+namespace {
+
+using vllm_dflash_cuda::CacheView;
+
+
+at::Tensor normed(const at::Tensor& ctx, const at::Tensor& hnw, double eps) {
+  at::Tensor x = at::empty_like(ctx);
+  const int64_t T = ctx.size(0), H = ctx.size(1);
+  if (T == 0) return x;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  if (ctx.scalar_type() == at::kFloat)
+    vllm_dflash_cuda::rms_norm_rows<float><<<T, 256, 0, stream>>>(ctx.data_ptr<float>(), hnw.data_ptr<float>(),
+                                                                   x.data_ptr<float>(), H, static_cast<float>(eps));
+  else
+    vllm_dflash_cuda::rms_norm_rows<c10::BFloat16><<<T, 256, 0, stream>>>(
+        ctx.data_ptr<c10::BFloat16>(), hnw.data_ptr<c10::BFloat16>(), x.data_ptr<c10::BFloat16>(), H,
+        static_cast<float>(eps));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return x;
+}
+
+template <typename T>
+void launch(const at::Tensor& kv, const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& knw,
+            const at::Tensor& cs, const CacheView& view, int64_t n, int64_t L, int64_t nkv, int64_t hd, int64_t bs,
+            double eps, bool neox) {
+  const int64_t warps = n * L * nkv;
+  if (warps == 0) return;
+  constexpr int kWarpsPerBlock = 8;
+  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto go = [&](auto pairs_tag) {
+    constexpr int P = decltype(pairs_tag)::value;
+    vllm_dflash_cuda::knorm_rope_scatter<T, P><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+        kv.data_ptr<T>(), positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), knw.data_ptr<T>(),
+        cs.data_ptr<T>(), view, n, L, nkv, hd, bs, cs.size(0), static_cast<float>(eps), neox);
+  };
+  if (hd <= 64)
+    go(std::integral_constant<int, 1>{});
+  else if (hd <= 128)
+    go(std::integral_constant<int, 2>{});
+  else
+    go(std::integral_constant<int, 8>{});  // up to hd 512
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+CacheView make_view(at::TensorList caches, int64_t nkv, int64_t hd, at::ScalarType dt) {
+  TORCH_CHECK(caches.size() <= 8, "caches: at most 8 draft layers per call");
+  CacheView v{};
+  for (size_t l = 0; l < caches.size(); ++l) {
+    const at::Tensor& c = caches[l];
+    TORCH_CHECK(c.is_cuda() && c.dim() == 4 && c.size(1) == nkv && c.size(3) == 2 * hd && c.scalar_type() == dt,
+                "caches[", l, "]: expected a CUDA [num_blocks, ", nkv, ", block_size, ", 2 * hd, "] tensor of the ctx dtype");
+    v.base[l] = c.data_ptr();
+    v.s_blk[l] = c.stride(0);
+    v.s_head[l] = c.stride(1);
+    v.s_tok[l] = c.stride(2);
+    v.s_dim[l] = c.stride(3);
+    v.num_blocks[l] = c.size(0);
+  }
+  return v;
+}
+
+void fused_context_kv_to_cache_cuda(const at::Tensor& ctx, const at::Tensor& positions, const at::Tensor& slot_mapping,
+                                    const at::Tensor& hnw, const at::Tensor& W, const at::Tensor& knw,
+                                    const at::Tensor& cs, at::TensorList caches, int64_t nkv, int64_t hd, double eps,
+                                    bool neox) {
+  const c10::cuda::CUDAGuard guard(ctx.device());
+  TORCH_CHECK(ctx.dim() == 2 && ctx.is_contiguous(), "ctx: contiguous [T, H]");
+  TORCH_CHECK(ctx.scalar_type() == at::kFloat || ctx.scalar_type() == at::kBFloat16, "ctx: float32 or bfloat16");
+  TORCH_CHECK(hd % 2 == 0 && hd <= 512, "head_dim: even and <= 512");
+  const int64_t L = W.size(0) / (2 * nkv * hd);
+  TORCH_CHECK(static_cast<int64_t>(caches.size()) == L, "caches: one per draft layer");
+  TORCH_CHECK(slot_mapping.numel() <= ctx.size(0), "slot_mapping: at most T entries");
+  const CacheView view = make_view(caches, nkv, hd, ctx.scalar_type());
+  at::Tensor kv = at::mm(normed(ctx, hnw, eps), W.t());  // [T, L*2*nkv*hd], one GEMM for all layers
+  const int64_t bs = caches[0].size(2);
+  if (ctx.scalar_type() == at::kFloat)
+    launch<float>(kv, positions, slot_mapping, knw, cs, view, slot_mapping.numel(), L, nkv, hd, bs, eps, neox);
+  else
+    launch<c10::BFloat16>(kv, positions, slot_mapping, knw, cs, view, slot_mapping.numel(), L, nkv, hd, bs, eps, neox);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_context_kv_cuda(const at::Tensor& ctx, const at::Tensor& positions,
+                                                         const at::Tensor& hnw, const at::Tensor& W,
+                                                         const at::Tensor& knw, const at::Tensor& cs, int64_t nkv,
+                                                         int64_t hd, double eps, bool neox) {
+  // K/V as [L, T, nkv, hd]: the same kernel writing into a "cache" of T one-token blocks whose strides
+  // put K and V in two separate dense tensors.
+  const int64_t L = W.size(0) / (2 * nkv * hd), T = ctx.size(0);
+  at::Tensor KV = at::empty({L, T, nkv, 2, hd}, ctx.options());
+  std::vector<at::Tensor> views;
+  for (int64_t l = 0; l < L; ++l) views.push_back(KV[l].view({T, nkv, 1, 2 * hd}));
+  at::Tensor slots = at::arange(T, positions.options());
+  fused_context_kv_to_cache_cuda(ctx, positions, slots, hnw, W, knw, cs, views, nkv, hd, eps, neox);
+  return {KV.select(3, 0).contiguous(), KV.select(3, 1).contiguous()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vllm_dflash, CUDA, m) {
+  m.impl("fused_context_kv", &fused_context_kv_cuda);
+  m.impl("fused_context_kv_to_cache", &fused_context_kv_to_cache_cuda);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "vllm_dflash CUDA kernels (implementations of torch.ops.vllm_dflash.*)";
+}
