@@ -3,8 +3,8 @@
 
 It reuses vLLM's DFlash layers (paged-KV attention, weight loading, TP sharding) by subclassing
 `DFlashQwen3ForCausalLM` -- the V1 proposer asserts that class -- and replaces what runs on our hot
-path: KV injection through `vllm_dflash.ops.inject_context_kv` (one GEMM for all layers, norm, RoPE;
-the csrc/ kernel plugs in there) and confidence-aware greedy drafting over a reduced vocabulary
+path: KV injection through `vllm_dflash.ops.inject_context_kv_to_cache` (the csrc/ fused kernel: one GEMM
+for all layers, then norm + RoPE + paged-cache write in one pass) and confidence-aware greedy drafting over a reduced vocabulary
 (argmax over the draft vocabulary then the d2t map, instead of scattering into a full-vocab -inf
 tensor). With VLLM_DFLASH_DRAFTER=vllm it behaves exactly like the upstream class.
 """
@@ -13,8 +13,13 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from vllm.logger import init_logger
+
 from vllm_dflash.integration.drafter_select import selected_drafter
-from vllm_dflash.ops.kv_injection import KVInjectionWeights, inject_context_kv
+from vllm_dflash.ops.kv_injection import (CPU_VEC_LAYOUT, CUDA_LAYOUT, KVInjectionWeights, inject_context_kv,
+                                          inject_context_kv_to_cache)
+
+logger = init_logger(__name__)
 
 
 class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
@@ -22,6 +27,7 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.use_ours = selected_drafter() == "ours"
         self._injection: KVInjectionWeights | None = None
+        self.last_injection_path = "none"  # "fused" | "fused-compute" | "reference" after a step
 
     def load_weights(self, weights):
         out = super().load_weights(weights)
@@ -44,19 +50,47 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
                 num_kv_heads=m._num_kv_heads, head_dim=m._head_dim, eps=m._rms_norm_eps, is_neox=m._rope_is_neox)
         return self._injection
 
+    def cache_layout(self) -> str | None:
+        """The paged-cache layout our fused kernel can write for this platform's attention backend, or None
+        (then K/V are computed by our op and stored with the backend's own do_kv_cache_update)."""
+        attn = self.model._attn_layers[0]
+        impl = attn.impl
+        if getattr(impl, "kv_cache_dtype", "auto") not in ("auto", None):
+            return None
+        name = type(impl).__name__
+        if name == "CPUAttentionBackendImpl" and getattr(attn, "isa", None) in ("vec", "vec16"):
+            return CPU_VEC_LAYOUT  # verified against cpu_attn_reshape_and_cache (tests/test_kv_injection_vllm.py)
+        if name == "FlashAttentionImpl":
+            return CUDA_LAYOUT
+        return None
+
     def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
         w = self.injection_weights() if self.use_ours else None
         if w is None:
             return super().precompute_and_store_context_kv(context_states, context_positions, context_slot_mapping)
-        k, v = inject_context_kv(context_states, context_positions, w)  # [L, T, nkv, hd] each
-        if context_slot_mapping is None:  # dummy / profiling run
+        if context_slot_mapping is None:  # dummy / profiling run: compute only
+            inject_context_kv(context_states, context_positions, w)
             return
+        layers = self.model._attn_layers
         per_layer = isinstance(context_slot_mapping, (list, tuple))
-        for i, attn in enumerate(self.model._attn_layers):
-            slots = context_slot_mapping[i] if per_layer else context_slot_mapping
-            if slots is None:
-                continue
-            attn.impl.do_kv_cache_update(attn, k[i], v[i], attn.kv_cache, slots)
+        slots = context_slot_mapping
+        if per_layer:
+            same = context_slot_mapping[0] is not None and all(s is context_slot_mapping[0] for s in context_slot_mapping)
+            slots = context_slot_mapping[0] if same else None
+        layout = self.cache_layout() if slots is not None else None
+
+        def write(i: int, k: torch.Tensor, v: torch.Tensor) -> None:  # the backend's own cache write
+            s = context_slot_mapping[i] if per_layer else context_slot_mapping
+            if s is None:  # vLLM's convention: no cache write for this layer (dummy run)
+                return
+            layers[i].impl.do_kv_cache_update(layers[i], k, v, layers[i].kv_cache, s)
+
+        path = inject_context_kv_to_cache(
+            context_states, context_positions, slots if slots is not None else context_slot_mapping[0], w,
+            [a.kv_cache for a in layers], layout, write_fallback=write)
+        if path != self.last_injection_path:
+            logger.info("vllm_dflash: KV injection path %r (cache layout %s)", path, layout)
+            self.last_injection_path = path
 
     def _to_target_ids(self, idx: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (vLLM's d2t offsets; identity for the full vocabulary)."""
