@@ -58,6 +58,11 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
             vocab_ids = frequent_vocab(train, draft_vocab_size, always=(tgt.config.eos_token_id,))
             draft = DFlashDraftModel(cfg.with_(draft_vocab_size=len(vocab_ids)))
         draft.bind_target(tgt.get_input_embeddings().weight.detach(), tgt.get_output_embeddings().weight.detach(), vocab_ids)
+        tnorm = getattr(getattr(tgt, "model", None), "norm", None)
+        if tnorm is not None and tnorm.weight.shape == draft.norm.weight.shape:
+            # start from the target's final-norm scale: the shared lm_head expects it (initial CE ~9, not ~58)
+            with torch.no_grad():
+                draft.norm.weight.copy_(tnorm.weight.float())
     logger.info("draft: %d layers, block %d, %.1fM trainable parameters, draft vocabulary %s",
                 draft.config.num_hidden_layers, draft.config.block_size, draft.num_parameters() / 1e6,
                 draft.config.draft_vocab_size or "full")

@@ -88,7 +88,8 @@ class TargetFeatures:
                 t = seqs[i].tokens
                 ids[j, : len(t)] = torch.tensor(t)
                 att[j, : len(t)] = 1
-            hs = self.target(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
+            body = getattr(self.target, "model", self.target)  # the decoder stack: no 49k-vocabulary lm_head
+            hs = body(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
             feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # layer l's OUTPUT
             for j, i in enumerate(todo):
                 out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16 if self.cache_dir else dtype).cpu()
