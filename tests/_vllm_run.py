@@ -45,7 +45,8 @@ def run_one(spec: dict) -> dict:
     for m in llm.get_metrics():
         if m.name.startswith(("vllm:spec_decode", "vllm:dflash")):
             metrics[m.name] = list(m.values) if hasattr(m, "values") else getattr(m, "value", None)
-    res = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "texts": [o.outputs[0].text for o in outs],
+    res = {"async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+           "tokens": [list(o.outputs[0].token_ids) for o in outs], "texts": [o.outputs[0].text for o in outs],
            "finish": [o.outputs[0].finish_reason for o in outs], "metrics": metrics}
     for k in spec.get("env", {}):
         os.environ.pop(k, None)

@@ -29,6 +29,8 @@ def results(pair):
                       "speculative_config": _spec(pair, 8, diffusion_steps=2)},
         "b16_steps2": {"model": t, "prompts": PROMPTS, "max_tokens": 48,
                        "speculative_config": _spec(pair, 16, diffusion_steps=2)},
+        "b8_no_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8),
+                          "env": {"VLLM_DFLASH_OVERLAP": "0"}},
         "b8_k3": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8, k=3)},
         "b8_single": {"model": t, "prompts": PROMPTS[:1], "max_tokens": 48, "speculative_config": _spec(pair, 8)},
         "upstream_b8": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8),
@@ -42,12 +44,21 @@ def results(pair):
     return dict(zip(names, out))
 
 
-@pytest.mark.parametrize("name", ["b4", "b8", "b16", "b8_steps2", "b16_steps2", "b8_k3", "upstream_b8"])
+@pytest.mark.parametrize("name", ["b4", "b8", "b16", "b8_steps2", "b16_steps2", "b8_k3", "upstream_b8",
+                                  "b8_no_overlap"])
 def test_greedy_lossless_batch8(results, name):
     r = results[name]
     assert r["tokens"] == results["base"]["tokens"]
     assert counter(r, "vllm:spec_decode_num_draft_tokens") > 0, "the drafter did not run"
     assert counter(r, "vllm:spec_decode_num_accepted_tokens") > 0, "no draft was accepted: acceptance paths untested"
+
+
+def test_overlap_scheduling_on_for_our_drafter_only(results):
+    """Overlap (async) scheduling: on by default with our drafter on CPU, off with VLLM_DFLASH_OVERLAP=0, and
+    vLLM's CPU default (off) without speculation or with vLLM's own drafter. The lossless tests above run with it."""
+    assert results["b8"]["async_scheduling"] and results["b16_steps2"]["async_scheduling"]
+    assert not results["b8_no_overlap"]["async_scheduling"]
+    assert not results["base"]["async_scheduling"] and not results["upstream_b8"]["async_scheduling"]
 
 
 def test_greedy_lossless_batch1(results):
@@ -64,7 +75,7 @@ def test_our_drafter_is_active_and_logged(results):
     log = results["b8"]["log"]
     assert "vllm_dflash: our DFlash drafter is active" in log
     # exactly the two runs configured with diffusion_steps=2 use it (the key must not leak into later LLMs)
-    assert log.count("diffusion steps 2,") == 2 and log.count("diffusion steps 1,") == 6
+    assert log.count("diffusion steps 2,") == 2 and log.count("diffusion steps 1,") == 7
     assert "using vLLM's built-in DFlash drafter" in log
 
 

