@@ -53,5 +53,5 @@ def test_version_guard(monkeypatch):
 def test_cli_help():
     out = subprocess.run([sys.executable, "-m", "vllm_dflash.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
-    for cmd in ("prepare-target", "collect", "train", "eval", "demo"):
+    for cmd in ("prepare-target", "collect", "train", "eval", "demo", "bench"):
         assert cmd in out.stdout

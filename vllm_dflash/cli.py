@@ -73,6 +73,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode)
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from vllm_dflash.bench.run import run_from_args
+
+    return run_from_args(a)
+
+
 def main(argv: list[str] | None = None) -> int:
     _env_defaults()
     p = argparse.ArgumentParser(prog="vllm-dflash", description="DFlash speculative decoding for vLLM: "
@@ -144,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-tokens", type=int, default=128)
     s.add_argument("--mode", default="serve", choices=["serve", "reference"])
     s.set_defaults(fn=cmd_demo)
+
+    from vllm_dflash.bench.run import add_arguments as add_bench_arguments
+
+    s = sub.add_parser("bench", help="serving benchmark: none / ngram / vLLM's dflash / ours over real `vllm serve`, "
+                       "concurrency 1/8/32 (benchmarks/bench_serving.py)")
+    add_bench_arguments(s)
+    s.set_defaults(fn=cmd_bench)
 
     a = p.parse_args(argv)
     try:

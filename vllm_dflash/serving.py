@@ -36,10 +36,11 @@ class Server:
     model: str
     speculative_config: dict[str, Any] | None = None
     extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)  # None: remove the variable from the server's env
     port: int = 0
     max_model_len: int = 2048
     log_path: str | None = None
+    dtype: str | None = None  # None: default_dtype()
     proc: subprocess.Popen | None = None
     _log: Any = None  # the open log file (closed by stop())
 
@@ -49,7 +50,7 @@ class Server:
 
     def command(self) -> list[str]:
         cmd = vllm_executable() + ["serve", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-                                   "--dtype", default_dtype(), "--max-model-len", str(self.max_model_len),
+                                   "--dtype", self.dtype or default_dtype(), "--max-model-len", str(self.max_model_len),
                                    "--enforce-eager", "--served-model-name", "target"]
         if self.speculative_config:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
@@ -58,6 +59,7 @@ class Server:
     def start(self, timeout: float = 300.0) -> "Server":
         self.port = self.port or free_port()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **self.env}
+        env = {k: v for k, v in env.items() if v is not None}
         self._log = open(self.log_path, "w") if self.log_path else None
         self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log or subprocess.DEVNULL,
                                      stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving benchmark (issue 6): no speculation, vLLM n-gram, vLLM's built-in dflash drafter and ours on the
+same draft checkpoint, each behind a real `vllm serve`, driven by concurrent streaming OpenAI clients.
+
+    python benchmarks/bench_serving.py --quick        # < 10 min on 2 cores
+    python benchmarks/bench_serving.py                # concurrency 1/8/32, 256 tokens (same as `vllm-dflash bench`)
+
+The logic lives in vllm_dflash/bench/ (run.py: flags and driver)."""
+import sys
+
+from vllm_dflash.bench.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

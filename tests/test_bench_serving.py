@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving benchmark: the pure parts (percentiles, latency summaries, /metrics counter deltas, output
+comparison, speedups, table rendering, configuration registry) and, marked `vllm`, the quick mode on
+the tiny pair (none vs ours, concurrency 1) through real `vllm serve` instances."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vllm_dflash.bench import configs, report, stats
+from vllm_dflash.serving import parse_metrics
+
+METRICS_BEFORE = """
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+vllm:spec_decode_num_drafts_total{engine="0",model_name="target"} 10.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="target"} 70.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="target"} 20.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="1"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="2"} 5.0
+"""
+METRICS_AFTER = METRICS_BEFORE.replace("} 10.0", "} 50.0").replace("} 70.0", "} 350.0").replace("} 20.0", "} 80.0") \
+    .replace('"0"} 8.0', '"0"} 38.0').replace('"1"} 7.0', '"1"} 27.0').replace('"2"} 5.0', '"2"} 15.0')
+
+
+@pytest.mark.parametrize("q", [0, 1, 37.5, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q):
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        xs = rng.exponential(size=n).tolist()
+        assert stats.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_percentile_edges():
+    assert stats.percentile([], 50) is None
+    assert stats.percentile([3, 1, 2], 50) == 2  # unsorted input
+    assert stats.percentile([0, 10], 90) == pytest.approx(9.0)  # interpolates, not nearest rank
+    with pytest.raises(ValueError):
+        stats.percentile([1], 101)
+
+
+def test_request_latencies_and_throughput():
+    reqs = [{"ttft_s": 0.1, "latency_s": 1.1, "completion_tokens": 11, "t_start": 0.0, "t_end": 1.1},
+            {"ttft_s": 0.3, "latency_s": 0.3, "completion_tokens": 1, "t_start": 0.5, "t_end": 0.8},  # no TPOT
+            {"ttft_s": 0.2, "latency_s": 2.2, "completion_tokens": 5, "t_start": 1.0, "t_end": 3.2}]
+    lat = stats.request_latencies(reqs)
+    assert lat["ttft_ms"]["p50"] == pytest.approx(200.0)
+    assert lat["tpot_ms"]["mean"] == pytest.approx((100.0 + 500.0) / 2)  # (1.1-0.1)/10 and (2.2-0.2)/4
+    tp = stats.throughput(reqs)
+    assert tp["output_tokens"] == 17 and tp["wall_s"] == pytest.approx(3.2)
+    assert tp["output_tok_s"] == pytest.approx(17 / 3.2)
+
+
+def test_spec_decode_delta_from_metrics_text():
+    d = stats.spec_decode_delta(parse_metrics(METRICS_BEFORE), parse_metrics(METRICS_AFTER))
+    assert d["drafts"] == 40 and d["draft_tokens"] == 280 and d["accepted"] == 60
+    assert d["tau"] == pytest.approx(1 + 60 / 40)
+    assert d["per_position_accepted"] == [30, 20, 10]
+    assert d["per_position_rate"] == pytest.approx([0.75, 0.5, 0.25])
+    assert d["draft_acceptance_rate"] == pytest.approx(60 / 280)
+
+
+def test_spec_decode_delta_no_drafts_and_reset():
+    m = parse_metrics(METRICS_BEFORE)
+    d = stats.spec_decode_delta(m, m)
+    assert d["tau"] is None and d["per_position_rate"] == []
+    assert stats.spec_decode_delta({}, {})["drafts"] == 0
+    with pytest.raises(ValueError, match="backwards"):
+        stats.spec_decode_delta(parse_metrics(METRICS_AFTER), m)
+
+
+def test_compare_outputs_reports_first_difference():
+    base = {"a": "hello world", "b": "same", "c": "short"}
+    other = {"a": "hello there", "b": "same", "c": "short and longer", "x": "not in base"}
+    cmp = stats.compare_outputs(base, other)
+    assert cmp["identical"] == 1 and cmp["compared"] == 3
+    by_id = {m["id"]: m for m in cmp["mismatches"]}
+    assert by_id["a"]["first_diff_char"] == 6 and by_id["a"]["other"] == "there"
+    assert by_id["c"]["first_diff_char"] == 5  # prefix of the other: differs where it ends
+
+
+def _run(cfg, tok_s, outputs, c=1, ps="humaneval", tau=None, per_pos=(3.0, 1.0)):
+    return {"config": cfg, "prompt_set": ps, "concurrency": c, "ok": True, "output_tok_s": tok_s, "outputs": outputs,
+            "ttft_ms": stats.summarize([0.1, 0.2], 1000), "tpot_ms": stats.summarize([0.01], 1000),
+            "spec_decode": None if tau is None else {"tau": tau, "drafts": 4.0, "per_position_accepted": list(per_pos)}}
+
+
+def test_attach_baseline_and_table():
+    runs = [_run("none", 10.0, {"p": "x"}), _run("ours", 25.0, {"p": "y"}, tau=2.0), _run("ngram", 5.0, {"p": "x"}, tau=1.5),
+            _run("ours", 7.0, {"p": "x"}, c=8, tau=1.5, per_pos=(1.0, 1.0))]  # no baseline at c8
+    stats.attach_baseline(runs)
+    assert runs[0]["speedup"] == 1.0 and runs[0]["vs_baseline"] is None
+    assert runs[1]["speedup"] == pytest.approx(2.5) and runs[1]["vs_baseline"]["identical"] == 0
+    assert runs[2]["vs_baseline"]["identical"] == 1
+    assert runs[3]["speedup"] is None
+    table = report.render_table(runs + [{"config": "ours", "prompt_set": "chat", "concurrency": 1, "ok": False,
+                                         "error": "boom"}])
+    rows = table.splitlines()
+    assert len(rows) == 2 + 5 and rows[0].startswith("| prompts | concurrency | configuration")
+    assert "| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 150 / 190 / 199 | 10 / 10 / 10 | 0/1 **MISMATCH** | – |" in rows
+    assert "| humaneval | 1 | ngram | 5.0 | 0.50× | 1.50 |" in table and "1/1 |" in table
+    assert "| humaneval | 8 | ours | 7.0 | – | 1.50 |" in table and "failed: boom" in table
+    acc = report.render_acceptance(runs)
+    assert "| humaneval | ours | 0.500 | 0.250 |" in acc  # (3+1)/(4+4), (1+1)/(4+4): summed over c1 and c8
+
+
+def test_registry_and_overrides():
+    assert {"none", "ngram", "vllm-dflash", "ours", "ours-adaptive"} <= set(configs.REGISTRY)
+    none, ngram, theirs, ours = configs.select(["none", "ngram", "vllm-dflash", "ours"])
+    assert none.speculative_config("d", 7) is None
+    assert ngram.speculative_config(None, 7) == configs.NGRAM_SPEC
+    assert theirs.speculative_config("d", 7) == {"method": "dflash", "model": "d", "num_speculative_tokens": 7}
+    assert theirs.env == {"VLLM_DFLASH_DRAFTER": "vllm"} and ours.env == {"VLLM_DFLASH_DRAFTER": "ours"}
+    (ad,) = configs.select(["none", "ours-adaptive"], spec_extra=["ours-adaptive:diffusion_steps=2"],
+                           env_extra=["ours-adaptive:FOO=bar"])[1:]
+    assert ad.speculative_config("d", 7)["diffusion_steps"] == 2 and ad.env["FOO"] == "bar"
+    assert "ours-adaptive" in configs.REGISTRY and configs.REGISTRY["ours-adaptive"].env.get("FOO") is None  # copies
+    with pytest.raises(ValueError, match="'none' is required"):
+        configs.select(["ours"])
+    with pytest.raises(ValueError, match="unknown"):
+        configs.select(["none", "eagle"])
+    with pytest.raises(ValueError, match="CONFIG:KEY=VALUE"):
+        configs.select(["none", "ours"], spec_extra=["ours:novalue"])
+
+
+def test_unknown_plugin_keys_make_a_config_unavailable():
+    known = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS"}
+    cfg = configs.BenchConfig("x", "x", method="dflash", spec_extra={"adaptive": True}, uses_draft=True)
+    assert "['adaptive']" in cfg.unavailable_reason(known)
+    assert configs.BenchConfig("y", "y", method="dflash", spec_extra={"diffusion_steps": 2}).unavailable_reason(known) is None
+    assert configs.REGISTRY["ours"].unavailable_reason() is None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # two server starts: 3.5-6.5 min here; CI runs -m "not slow"
+def test_bench_quick_tiny_pair(pair, tmp_path):
+    """The quick mode end to end: two real servers, streaming clients, JSON/markdown/PNGs; our drafter
+    accepts drafts and its greedy outputs equal the no-speculation ones."""
+    cmd = [sys.executable, "benchmarks/bench_serving.py", "--quick", "--target", str(pair / "target"),
+           "--draft", str(pair / "draft-b8"), "--configs", "none,ours,ours-adaptive", "--concurrency", "1",
+           "--prompt-sets", "humaneval", "--max-tokens", "32", "--max-model-len", "1024", "--kv-cache-gib", "1",
+           "--out-dir", str(tmp_path), "--name", "tiny", "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "tiny.json").read_text())
+    assert res["configs"]["ours-adaptive"]["status"] in ("unavailable", "ok")
+    runs = {r["config"]: r for r in res["runs"]}
+    assert set(runs) >= {"none", "ours"} and all(r["ok"] for r in res["runs"])
+    none, ours = runs["none"], runs["ours"]
+    assert none["output_tokens"] > 0 and none["output_tokens"] == none["server_generation_tokens"]
+    assert none["spec_decode"] is None and none["speedup"] == 1.0
+    sd = ours["spec_decode"]
+    assert sd["drafts"] > 0 and sd["tau"] > 1.0 and len(sd["per_position_rate"]) == 7
+    assert sd["per_position_rate"][0] >= sd["per_position_rate"][-1]  # a prefix rule: later positions accept less
+    assert ours["speedup"] > 0 and ours["ttft_ms"]["p50"] > 0 and ours["tpot_ms"]["p99"] > 0
+    assert ours["vs_baseline"]["compared"] == 2
+    assert ours["vs_baseline"]["identical"] == 2, ours["vs_baseline"]["mismatches"]
+    assert res["losslessness"]["mismatches"] == 0
+    assert res["meta"]["layout"]["omp_num_threads"] == 1 and res["configs"]["ours"]["processes"]
+    for f in ("tiny.md", "tiny-speedup.png", "tiny-acceptance.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert "| humaneval | 1 | ours |" in (tmp_path / "tiny.md").read_text()

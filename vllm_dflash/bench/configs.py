@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmark configurations: one registry entry per way of serving the target.
+
+A configuration is a speculative method plus extra speculative-config keys and extra environment
+variables for the server. Adding one is one `BenchConfig(...)` in `REGISTRY`. Every configuration
+of a run shares the engine settings (threads, dtype, --enforce-eager, max-num-seqs, KV space); only
+the speculative config and these env vars differ."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+# vLLM prompt lookup; matches the drafts-per-step range of the DFlash configs at block 8 loosely (4 vs 7).
+NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@dataclass
+class BenchConfig:
+    name: str
+    description: str
+    method: str | None = None  # None: no speculation
+    spec: dict[str, Any] = field(default_factory=dict)  # method-specific keys (e.g. ngram's lookup sizes)
+    spec_extra: dict[str, Any] = field(default_factory=dict)  # extra keys our plugin pops (adaptive drafting, ...)
+    env: dict[str, str] = field(default_factory=dict)
+    uses_draft: bool = False
+    placeholder: str | None = None  # why the entry is not wired yet (shown when it turns out unavailable)
+
+    def speculative_config(self, draft: str | None, num_speculative_tokens: int | None) -> dict[str, Any] | None:
+        if self.method is None:
+            return None
+        spec: dict[str, Any] = {"method": self.method, **self.spec}
+        if self.uses_draft:
+            if draft is None:
+                raise ValueError(f"bench config {self.name!r} needs a draft. Fix: pass --draft")
+            spec["model"] = draft
+            if num_speculative_tokens is not None:
+                spec["num_speculative_tokens"] = num_speculative_tokens
+        spec.update(self.spec_extra)
+        return spec
+
+    def unavailable_reason(self, known_plugin_keys: dict[str, str] | None = None) -> str | None:
+        """Why this configuration cannot run with the installed plugin (None: it can).
+
+        vLLM's SpeculativeConfig rejects unknown keys; our plugin strips only the keys it knows
+        (integration.validation.PLUGIN_KEYS), so any other extra key would make `vllm serve` fail."""
+        if not self.spec_extra:
+            return None
+        if known_plugin_keys is None:
+            from vllm_dflash.integration.validation import PLUGIN_KEYS
+
+            known_plugin_keys = PLUGIN_KEYS
+        unknown = sorted(k for k in self.spec_extra if k not in known_plugin_keys)
+        if not unknown:
+            return None
+        why = (f"speculative-config key(s) {unknown} are not known to the installed vllm_dflash "
+               f"(it strips only {sorted(known_plugin_keys)}; vLLM rejects other keys)")
+        return f"{why}; {self.placeholder}" if self.placeholder else why
+
+
+REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
+    BenchConfig("none", "no speculation"),
+    BenchConfig("ngram", "vLLM prompt lookup (n-gram)", method="ngram",
+                spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}),
+    BenchConfig("vllm-dflash", "vLLM's built-in dflash drafter, same draft checkpoint", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "vllm"}, uses_draft=True),
+    BenchConfig("ours", "vllm_dflash drafter, fixed block size, overlap scheduling (default)", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "ours"}, uses_draft=True),
+    BenchConfig("ours-no-overlap", "vllm_dflash drafter, fixed block size, overlap off", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "0"}, uses_draft=True),
+    # Placeholder: rename the key to the one the adaptive drafter pops once it lands (or pass
+    # --spec-extra ours-adaptive:KEY=VALUE); until the plugin knows the key the config is reported unavailable.
+    BenchConfig("ours-adaptive", "vllm_dflash drafter, adaptive block size", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive_block_size": True}, uses_draft=True,
+                placeholder="placeholder until the adaptive drafter lands"),
+]}
+
+DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive")
+
+
+def select(names: list[str], spec_extra: Sequence[str] = (), env_extra: Sequence[str] = ()) -> list[BenchConfig]:
+    """Registry entries by name (in the given order), with `CONFIG:KEY=VALUE` overrides applied to copies.
+
+    spec_extra values are JSON when they parse (`true`, `2`, `0.8`), strings otherwise."""
+    import copy
+    import json
+
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"bench: unknown configuration(s) {unknown}. Fix: use some of {list(REGISTRY)}")
+    if "none" not in names:
+        raise ValueError("bench: configuration 'none' is required (the speedup and losslessness baseline). "
+                         "Fix: add it to --configs")
+    chosen = {n: copy.deepcopy(REGISTRY[n]) for n in names}
+    for item, target in [(s, "spec") for s in spec_extra] + [(e, "env") for e in env_extra]:
+        name, _, kv = item.partition(":")
+        key, eq, value = kv.partition("=")
+        if not (name and key and eq):
+            raise ValueError(f"bench: bad override {item!r}. Fix: write CONFIG:KEY=VALUE")
+        if name not in chosen:
+            raise ValueError(f"bench: override {item!r} names a configuration not in --configs ({list(chosen)})")
+        if target == "env":
+            chosen[name].env[key] = value
+        else:
+            try:
+                chosen[name].spec_extra[key] = json.loads(value)
+            except json.JSONDecodeError:
+                chosen[name].spec_extra[key] = value
+    return [chosen[n] for n in names]

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmark report: the markdown table (with settings, layout and losslessness) and two PNG plots
+(speedup vs concurrency per configuration; acceptance rate by draft position)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _f(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _pcts(s: dict[str, float | None]) -> str:
+    return " / ".join(_f(s.get(k), "{:.0f}") for k in ("p50", "p90", "p99"))
+
+
+def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[float]]:
+    """Per (prompt set, config): acceptance rate by draft position over all its concurrency levels
+    (sum of accepted at position k / sum of drafts)."""
+    acc: dict[tuple[str, str], tuple[list[float], float]] = {}
+    for r in runs:
+        sd = r.get("spec_decode")
+        if not r.get("ok") or not sd or not sd["drafts"]:
+            continue
+        key = (r["prompt_set"], r["config"])
+        tot, drafts = acc.get(key, ([], 0.0))
+        per = sd["per_position_accepted"]
+        tot = [(tot[i] if i < len(tot) else 0.0) + (per[i] if i < len(per) else 0.0) for i in range(max(len(tot), len(per)))]
+        acc[key] = (tot, drafts + sd["drafts"])
+    return {k: [a / d for a in tot] for k, (tot, d) in acc.items()}
+
+
+def render_table(runs: list[dict[str, Any]]) -> str:
+    """The main results table, one row per run (prompt set, concurrency, configuration)."""
+    lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | TTFT p50 / p90 / p99 (ms) "
+             "| TPOT p50 / p90 / p99 (ms) | greedy identical to none | load avg 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if not r.get("ok"):
+            lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | failed: {r.get('error', '?')} "
+                         "| | | | | | |")
+            continue
+        sd, vs = r.get("spec_decode") or {}, r.get("vs_baseline")
+        load = "–" if not r.get("loadavg_1m") else "{:.1f}–{:.1f}".format(*r["loadavg_1m"])  # machine noise
+        same = "–" if vs is None else f"{vs['identical']}/{vs['compared']}" + ("" if vs["identical"] == vs["compared"]
+                                                                            else " **MISMATCH**")
+        lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {_f(r['output_tok_s'])} "
+                     f"| {_f(r.get('speedup'), '{:.2f}×')} | {_f(sd.get('tau'), '{:.2f}')} | {_pcts(r['ttft_ms'])} "
+                     f"| {_pcts(r['tpot_ms'])} | {same} | {load} |")
+    return "\n".join(lines)
+
+
+def render_acceptance(runs: list[dict[str, Any]]) -> str:
+    agg = aggregate_acceptance(runs)
+    if not agg:
+        return "(no drafts)"
+    width = max(len(v) for v in agg.values())
+    lines = ["| prompts | configuration | " + " | ".join(f"pos {k + 1}" for k in range(width)) + " |",
+             "|---|---|" + "---|" * width]
+    for (ps, cfg), rates in sorted(agg.items()):
+        cells = [f"{x:.3f}" for x in rates] + [""] * (width - len(rates))
+        lines.append(f"| {ps} | {cfg} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    m = result["meta"]
+    eng, lay = m["engine"], m["layout"]
+    out = [f"# Serving benchmark `{m['name']}`", "",
+           f"{m['started']}; vllm_dflash {m['versions']['vllm_dflash']}, vLLM {m['versions']['vllm']}, "
+           f"torch {m['versions']['torch']}; machine: {m['machine']['cpu']} ({m['machine']['cores']} cores), "
+           f"load average at start {m['machine']['loadavg_start']}, at end {m['machine'].get('loadavg_end')}.", "",
+           f"- target: `{m['target']}`; draft: `{m['draft']}`"
+           + ("" if m["draft_trained"] else " (**UNTRAINED**: τ ≈ 1 and a slowdown are expected)"),
+           f"- workload: greedy (temperature 0), max_tokens {m['max_tokens']}, ignore_eos {m['ignore_eos']}, "
+           f"prompt sets {', '.join(m['prompt_sets'])}, prompts per run = max({m['num_prompts']}, concurrency), "
+           f"concurrency {', '.join(map(str, m['concurrency']))}; streaming OpenAI chat clients (asyncio); "
+           "one warm-up request per prompt set before measuring",
+           f"- engine (every configuration): `vllm serve --dtype {eng['dtype']} --enforce-eager --max-model-len "
+           f"{eng['max_model_len']} --max-num-seqs {eng['max_num_seqs']}`, VLLM_CPU_KVCACHE_SPACE={eng['kv_cache_gib']} "
+           f"GiB, OMP_NUM_THREADS={lay['omp_num_threads']}, VLLM_CPU_OMP_THREADS_BIND={lay['cpu_bind']}, "
+           + (f"LD_PRELOAD={lay['ld_preload']}" if lay.get("ld_preload") else "no LD_PRELOAD (vLLM warns that CPU "
+              "speculative decoding is slower without Intel OpenMP preloaded)"),
+           f"- layout: {lay['description']}"]
+    for name, c in result["configs"].items():
+        procs = [p for p in c.get("processes") or [] if "resource_tracker" not in p["cmd"]]
+        if procs:  # the API server's command line is long: its pid stands for it
+            out.append(f"  - {name}: " + "; ".join(
+                f"{p['cmd'] if p['cmd'].startswith('VLLM::') else 'API server'} cpus {p['cpus_allowed']} "
+                f"({p['threads']} threads)" for p in procs)
+                + (f"; vLLM OMP binding: {', '.join(c['omp_binding'])}" if c.get("omp_binding") else ""))
+    out += ["", "## Configurations", "", "| name | description | speculative config | env | status |",
+            "|---|---|---|---|---|"]
+    for name, c in result["configs"].items():
+        status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
+        env = ", ".join(f"{k}={v}" for k, v in c["env"].items()) or "–"
+        spec = f"`{json.dumps(c['speculative_config'])}`" if c["speculative_config"] else "–"
+        out.append(f"| {name} | {c['description']} | {spec} | {env} | {status} |")
+    out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency; "
+            "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run)", "",
+            render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
+            render_acceptance(result["runs"]), "", "## Losslessness (greedy outputs vs `none`)", ""]
+    ll = result["losslessness"]
+    for name, v in ll["per_config"].items():
+        out.append(f"- {name}: {v['identical']}/{v['compared']} identical")
+    bi = ll.get("baseline_across_concurrency")
+    if bi:
+        out.append(f"- reference: `none` at concurrency {bi['concurrency']} vs 1, same prompts: "
+                   f"{bi['identical']}/{bi['compared']} identical (batching alone)")
+    for r in result["runs"]:
+        for mm in (r.get("vs_baseline") or {}).get("mismatches", []):
+            out.append(f"  - MISMATCH {r['config']} / {r['prompt_set']} / c{r['concurrency']} / {mm['id']} at char "
+                       f"{mm['first_diff_char']}: none `{mm['base'][:40]!r}` vs `{mm['other'][:40]!r}`")
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
+    """PNG plots next to the JSON: <prefix>-speedup.png and <prefix>-acceptance.png. Returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in result["runs"] if r.get("ok")]
+    sets = list(dict.fromkeys(r["prompt_set"] for r in runs))
+    if not sets:
+        return []
+    written = []
+    color = {name: f"C{i}" for i, name in enumerate(result["configs"])}  # one colour per configuration in both plots
+    note = "" if result["meta"].get("draft_trained", True) else " (UNTRAINED draft)"
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
+    for ax, ps in zip(axes[0], sets):
+        for cfg in dict.fromkeys(r["config"] for r in runs if r["config"] != "none"):
+            pts = sorted((r["concurrency"], r["speedup"]) for r in runs
+                         if r["prompt_set"] == ps and r["config"] == cfg and r.get("speedup") is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=cfg, color=color.get(cfg))
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="none")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(result["meta"]["concurrency"], [str(c) for c in result["meta"]["concurrency"]])
+        ax.set(title=f"{ps}: speedup over no speculation{note}", xlabel="concurrency", ylabel="output tok/s ÷ none")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out_prefix.with_name(out_prefix.name + "-speedup.png"))
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    agg = aggregate_acceptance(runs)
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
+    for ax, ps in zip(axes[0], sets):
+        for cfg in result["configs"]:
+            rates = agg.get((ps, cfg))
+            if rates:
+                ax.plot(range(1, len(rates) + 1), rates, marker="o", label=cfg, color=color[cfg])
+        ax.set(title=f"{ps}: acceptance by draft position{note}", xlabel="draft position", ylabel="accepted / drafts",
+               ylim=(0, 1.02))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out_prefix.with_name(out_prefix.name + "-acceptance.png"))
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written

@@ -1,0 +1,346 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The serving benchmark driver: for each configuration, start a real `vllm serve` on loopback, warm it
+up, then drive it with concurrent streaming chat clients for every prompt set and concurrency level,
+scraping `/metrics` before and after each run. Writes <out-dir>/<name>.json, <name>.md and PNG plots;
+server logs go to <log-dir>. The CLI flags live here too (`vllm-dflash bench` and
+benchmarks/bench_serving.py share them)."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_dflash.bench import stats
+from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED_DRAFT = REPO / "models" / "SmolLM2-135M-Instruct-DFlash-b8"
+# --quick and the full run differ only in these defaults (an explicit flag wins in both).
+# Quick: each `vllm serve` start costs 1-3 min on 2 busy cores, so it leaves out ngram and ours-adaptive.
+PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32", "num_prompts": 16, "max_tokens": 256,
+                    "name": "bench_serving"},
+           "quick": {"configs": "none,vllm-dflash,ours", "concurrency": "1,8", "num_prompts": 2, "max_tokens": 32,
+                     "name": "bench_serving_quick"}}
+# Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
+PLUGIN_ENV = ("VLLM_DFLASH_DIFFUSION_STEPS", "VLLM_DFLASH_CONFIDENCE_THRESHOLD", "VLLM_DFLASH_METRICS_DIR",
+              "VLLM_DFLASH_OVERLAP", "VLLM_DFLASH_KV_INJECTION")
+LAYOUT = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
+          "process, TP 1), one process group per configuration, started one after another; the benchmark "
+          "client (asyncio, one process) runs on the same machine")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    q = PRESETS["quick"]
+    p.add_argument("--quick", action="store_true", help=f"small run (< 10 min on 2 cores): configs {q['configs']}, "
+                   f"concurrency {q['concurrency']}, {q['num_prompts']} prompts, {q['max_tokens']} tokens")
+    p.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct, prepared once)")
+    p.add_argument("--draft", default=None, help=f"DFlash draft folder (default: {BUNDLED_DRAFT} if present, "
+                   "else the demo's untrained draft, flagged UNTRAINED in the results)")
+    p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)} (default: all; quick: "
+                   f"{q['configs']})")
+    p.add_argument("--prompt-sets", default="humaneval,chat",
+                   help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), or JSONL files")
+    p.add_argument("--concurrency", default=None, help="comma list of requests in flight (default 1,8,32; quick 1,8)")
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts per run = max(this, concurrency)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max output tokens per request (default 256; quick 32)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
+    p.add_argument("--num-spec-tokens", type=int, default=None, help="DFlash drafts per step (default: block size - 1)")
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every server")
+    p.add_argument("--cpu-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of every server (default: vLLM's auto)")
+    p.add_argument("--kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE of every server")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest concurrency")
+    p.add_argument("--dtype", default=None, help="model dtype of every server (default: vllm_dflash's default_dtype)")
+    p.add_argument("--spec-extra", action="append", default=[], metavar="CONFIG:KEY=VALUE",
+                   help="extra speculative-config key for one configuration (JSON value), repeatable")
+    p.add_argument("--env", action="append", default=[], metavar="CONFIG:KEY=VALUE",
+                   help="extra server env var for one configuration, repeatable")
+    p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--name", default=None, help="output file stem (default bench_serving / bench_serving_quick)")
+    p.add_argument("--log-dir", default=None, help="server logs (default: runs/bench_serving/<name>)")
+    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--fail-on-mismatch", action="store_true", help="exit 3 when a greedy output differs from none")
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def load_prompt_set(name: str, n: int) -> list[dict[str, Any]]:
+    """n chat items of a prompt set. 'chat' is the held-out split of the chat-web source (never trained on)."""
+    from vllm_dflash.data.prompts import get_prompts
+
+    items = get_prompts(name, n)
+    if name == "chat":
+        from vllm_dflash.data.sources import split_of
+
+        assert all(split_of(it["id"]) == "eval" for it in items), "chat eval prompts must come from the held-out split"
+    return [it if "messages" in it else {**it, "messages": [{"role": "user", "content": it["prompt"]}]} for it in items]
+
+
+def resolve_draft(draft: str | None, target: Path) -> tuple[Path, bool]:
+    """(draft folder, trained?) An explicit draft must exist; by default the bundled draft, else the demo's untrained one."""
+    if draft is not None:
+        if not (Path(draft) / "config.json").is_file():
+            raise FileNotFoundError(f"bench: draft {draft!r} has no config.json. Fix: pass a DFlash draft folder")
+        return Path(draft), True
+    from vllm_dflash.demo import ensure_draft
+
+    path, untrained = ensure_draft(BUNDLED_DRAFT, target)
+    if untrained:
+        logger.warning("no trained draft at %s: benchmarking an UNTRAINED draft (%s)", BUNDLED_DRAFT, path)
+    return path, not untrained
+
+
+def process_layout(pgid: int) -> list[dict[str, Any]]:
+    """The processes of one server's process group: pid, command (as vLLM titles it), allowed CPUs, thread count."""
+    procs = []
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        procs.append({"pid": pid, "cmd": cmd[:100], "cpus_allowed": status.get("Cpus_allowed_list", "?").strip(),
+                      "threads": int(status.get("Threads", "0").strip() or 0)})
+    return procs
+
+
+def omp_binding(log: str) -> list[str]:
+    """vLLM's OpenMP binding report from a server log (e.g. 'core ids=[0]', 'reserved_cpus=[1]')."""
+    keep = ("VLLM_CPU_OMP_THREADS_BIND", "core ids", "reserved_cpus")
+    return [ln.split("]", 1)[-1].strip() for ln in log.splitlines()
+            if "ompmultiprocessing" in ln and any(k in ln for k in keep)]
+
+
+def settled_metrics(server: Any, timeout: float = 10.0) -> dict[str, float]:
+    """A /metrics scrape once no request runs and the spec-decode counters stopped moving."""
+    keys = (stats.DRAFTS, stats.ACCEPTED, "vllm:generation_tokens_total", "vllm:num_requests_running")
+    prev, deadline = None, time.time() + timeout
+    while True:
+        m = server.metrics()
+        cur = tuple(m.get(k) for k in keys)
+        if (cur == prev and not m.get("vllm:num_requests_running")) or time.time() > deadline:
+            return m
+        prev = cur
+        time.sleep(0.3)
+
+
+def _start(server: Any, timeout: float) -> str | None:
+    """Start the server (one retry if another process took the port). Returns an error message or None."""
+    from vllm_dflash.serving import free_port
+
+    for attempt in range(2):
+        try:
+            server.start(timeout=timeout)
+            return None
+        except (RuntimeError, TimeoutError) as e:
+            log = Path(server.log_path).read_text(errors="replace") if server.log_path else ""
+            if attempt == 0 and "Address already in use" in log:
+                server.port = free_port()
+                continue
+            errs = [ln.strip() for ln in log.splitlines() if "Error" in ln or "error:" in ln]
+            return f"{e}" + (f" -- {errs[-1][:300]}" if errs else "")
+    return "unreachable"
+
+
+def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]], c: int, a: Any) -> dict[str, Any]:
+    from vllm_dflash.bench.client import run_load
+
+    run: dict[str, Any] = {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(items)}
+    try:
+        before = settled_metrics(server)
+        load0 = os.getloadavg()[0]
+        reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
+        after = settled_metrics(server)
+    except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest of the benchmark goes on
+        logger.error("bench: %s / %s / c%d failed: %s", cfg.name, ps, c, e)
+        return {**run, "ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+    run.update(ok=True, **stats.throughput(reqs), **stats.request_latencies(reqs), loadavg_1m=[load0, os.getloadavg()[0]])
+    gen = "vllm:generation_tokens_total"  # the server's own count: a cross-check of the clients' usage records
+    run["server_generation_tokens"] = after.get(gen, 0.0) - before.get(gen, 0.0)
+    run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
+    draft_s = sum(after.get(k, 0.0) - before.get(k, 0.0)
+                  for k in ("vllm_dflash:draft_forward_seconds_sum", "vllm_dflash:kv_injection_seconds_sum"))
+    run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None
+    run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
+    run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
+    run["outputs"] = {r["id"]: r["text"] for r in reqs}
+    return run
+
+
+def _losslessness(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    per: dict[str, dict[str, int]] = {}
+    for r in runs:
+        if r.get("vs_baseline"):
+            v = per.setdefault(r["config"], {"identical": 0, "compared": 0})
+            v["identical"] += r["vs_baseline"]["identical"]
+            v["compared"] += r["vs_baseline"]["compared"]
+    out: dict[str, Any] = {"per_config": per, "mismatches": sum(v["compared"] - v["identical"] for v in per.values())}
+    base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == "none" and r.get("ok")}
+    levels = sorted({c for _, c in base})
+    if len(levels) > 1 and levels[0] == 1:  # how much batching alone moves greedy outputs (fp reductions)
+        hi, tot = levels[-1], {"identical": 0, "compared": 0}
+        for (ps, c), r in base.items():
+            if c == hi and (ps, 1) in base:
+                cmp = stats.compare_outputs(base[(ps, 1)]["outputs"], r["outputs"])
+                tot["identical"] += cmp["identical"]
+                tot["compared"] += cmp["compared"]
+        out["baseline_across_concurrency"] = {"concurrency": hi, **tot}
+    return out
+
+
+def _machine() -> dict[str, Any]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    return {"cpu": cpu, "cores": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "?"
+
+
+def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool, k: int | None, levels: list[int],
+          prompt_sets: list[str], dtype: str, max_num_seqs: int) -> dict[str, Any]:
+    return {"name": a.name, "quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "target": str(target), "draft": str(draft) if draft else None, "draft_trained": trained,
+            "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
+            "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
+            "engine": {"dtype": dtype, "enforce_eager": True, "max_model_len": a.max_model_len,
+                       "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib},
+            "layout": {"omp_num_threads": a.threads,
+                       "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
+                       "ld_preload": os.environ.get("LD_PRELOAD", ""), "description": LAYOUT},
+            "machine": _machine(),
+            "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
+
+
+def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts: dict[str, list[dict[str, Any]]],
+                  levels: list[int], a: argparse.Namespace, t_start: float) -> list[dict[str, Any]]:
+    """Start one configuration's server, warm it up, run every prompt set x concurrency level, stop it."""
+    from vllm_dflash.bench.client import run_load
+
+    print(f"[{time.time() - t_start:6.0f}s] starting vllm serve: {cfg.name} ...", flush=True)
+    t0 = time.time()
+    err = _start(server, a.start_timeout)
+    if err:
+        entry.update(status="failed", reason=err)
+        logger.error("bench: %s did not start: %s", cfg.name, err)
+        return []
+    entry["start_s"] = round(time.time() - t0, 1)
+    runs = []
+    try:
+        try:  # warm-up: not measured (each run's before-scrape comes after it)
+            for ps in prompts:
+                run_load(server.url, prompts[ps][:1], 1, 16)
+        except Exception as e:  # noqa: BLE001 - recorded; the other configurations still run
+            entry.update(status="failed", reason=f"warm-up: {type(e).__name__}: {e}"[:300])
+            return []
+        entry["processes"] = process_layout(server.proc.pid)
+        entry["omp_binding"] = omp_binding(Path(server.log_path).read_text(errors="replace"))
+        for ps, items in prompts.items():
+            for c in levels:
+                run = _one_run(server, cfg, ps, items[:max(a.num_prompts, c)], c, a)
+                runs.append(run)
+                print(f"[{time.time() - t_start:6.0f}s] {cfg.name:13s} {ps:10s} c{c:<3d} "
+                      + (f"{run['output_tok_s']:7.1f} tok/s  tau {_tau(run)}" if run["ok"] else run["error"]), flush=True)
+    finally:
+        server.stop()
+    return runs
+
+
+def _write(result: dict[str, Any], out_dir: Path, name: str, plots: bool) -> None:
+    from vllm_dflash.bench import report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = out_dir / name
+    prefix.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    prefix.with_suffix(".md").write_text(report.render_markdown(result))
+    pngs = report.plot(result, prefix) if plots else []
+    print("\n" + report.render_table(result["runs"]) + "\n")
+    for p in [prefix.with_suffix(".json"), prefix.with_suffix(".md"), *pngs]:
+        print(f"wrote {p}")
+
+
+def run_from_args(a: argparse.Namespace) -> int:
+    from vllm_dflash.serving import Server
+    from vllm_dflash.target import resolve_target
+    from vllm_dflash.utils import default_dtype
+
+    preset = PRESETS["quick" if a.quick else "full"]
+    for k in ("configs", "concurrency", "num_prompts", "max_tokens", "name"):
+        if getattr(a, k) is None:
+            setattr(a, k, preset[k])
+    levels = sorted({int(c) for c in _csv(a.concurrency)})
+    configs = select(_csv(a.configs), a.spec_extra, a.env)
+    prompt_sets = _csv(a.prompt_sets)
+    t_start = time.time()
+    target = resolve_target(a.target)
+    draft, trained, k = None, True, a.num_spec_tokens
+    if any(c.uses_draft for c in configs):
+        from vllm_dflash.config import DFlashConfig
+
+        draft, trained = resolve_draft(a.draft, target)
+        k = k or DFlashConfig.from_pretrained(draft).block_size - 1
+    prompts = {ps: load_prompt_set(ps, max(a.num_prompts, max(levels))) for ps in prompt_sets}
+    max_num_seqs, dtype = a.max_num_seqs or max(levels), a.dtype or default_dtype()
+    log_dir = Path(a.log_dir or REPO / "runs" / "bench_serving" / a.name)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    base_env: dict[str, str | None] = {"OMP_NUM_THREADS": str(a.threads), "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib),
+                                       "TOKENIZERS_PARALLELISM": "false", **{e: None for e in PLUGIN_ENV}}
+    if a.cpu_bind:
+        base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
+    meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
+    result: dict[str, Any] = {"meta": meta, "configs": {}, "runs": []}
+    for cfg in configs:
+        spec = cfg.speculative_config(str(draft) if draft else None, k)
+        entry = result["configs"][cfg.name] = {"description": cfg.description, "speculative_config": spec,
+                                               "env": dict(cfg.env), "status": "ok", "reason": None}
+        reason = cfg.unavailable_reason()
+        if reason:
+            entry.update(status="unavailable", reason=reason)
+            logger.warning("bench: %s unavailable: %s", cfg.name, reason)
+            continue
+        server = Server(str(target), speculative_config=spec, extra_args=["--max-num-seqs", str(max_num_seqs)],
+                        env={**base_env, **cfg.env}, max_model_len=a.max_model_len, dtype=dtype,
+                        log_path=str(log_dir / f"{cfg.name}.log"))
+        result["runs"] += _bench_config(server, cfg, entry, prompts, levels, a, t_start)
+    stats.attach_baseline(result["runs"])
+    result["losslessness"] = _losslessness(result["runs"])
+    meta["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    meta["elapsed_s"] = round(time.time() - t_start, 1)
+    _write(result, Path(a.out_dir), a.name, not a.no_plots)
+    mism = result["losslessness"]["mismatches"]
+    if mism:
+        print(f"LOSSLESSNESS: {mism} greedy output(s) differ from `none` (see the markdown); "
+              "speculation must not change them")
+    print(f"elapsed {meta['elapsed_s']:.0f}s")
+    if not any(r.get("ok") for r in result["runs"]):
+        return 1
+    return 3 if mism and a.fail_on_mismatch else 0
+
+
+def _tau(run: dict[str, Any]) -> str:
+    tau = (run.get("spec_decode") or {}).get("tau")
+    return "–" if tau is None else f"{tau:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    p = argparse.ArgumentParser(prog="bench_serving", description=__doc__)
+    add_arguments(p)
+    return run_from_args(p.parse_args(argv))

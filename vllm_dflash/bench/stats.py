@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure benchmark maths (no vLLM, no I/O): percentiles, request-latency summaries, spec-decode counter
+deltas from two `/metrics` scrapes (τ, per-position acceptance), output comparison against the
+no-speculation baseline, and speedups."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable
+
+PERCENTILES = (50, 90, 99)
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default).
+    None for no values."""
+    xs = sorted(float(v) for v in values)
+    if not xs:
+        return None
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile: q={q} outside [0, 100]")
+    rank = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+def summarize(values: Iterable[float], scale: float = 1.0) -> dict[str, float | None]:
+    """{'mean', 'p50', 'p90', 'p99'} of the values times `scale` (e.g. 1000 for seconds -> ms)."""
+    xs = [float(v) * scale for v in values]
+    out: dict[str, float | None] = {"mean": sum(xs) / len(xs) if xs else None}
+    for q in PERCENTILES:
+        out[f"p{q}"] = percentile(xs, q)
+    return out
+
+
+def request_latencies(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """TTFT and TPOT (ms) summaries over requests with `ttft_s`, `latency_s`, `completion_tokens`.
+
+    TPOT of one request = (latency - TTFT) / (completion_tokens - 1); requests with one token have none."""
+    ttft = [r["ttft_s"] for r in requests if r.get("ttft_s") is not None]
+    tpot = [(r["latency_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in requests
+            if r.get("ttft_s") is not None and r["completion_tokens"] > 1]
+    return {"ttft_ms": summarize(ttft, 1000.0), "tpot_ms": summarize(tpot, 1000.0)}
+
+
+def throughput(requests: list[dict[str, Any]]) -> dict[str, float]:
+    """Output tokens, wall time (first request sent .. last response done) and output tokens/s."""
+    if not requests:
+        return {"output_tokens": 0, "wall_s": 0.0, "output_tok_s": 0.0}
+    tokens = sum(r["completion_tokens"] for r in requests)
+    wall = max(r["t_end"] for r in requests) - min(r["t_start"] for r in requests)
+    return {"output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0}
+
+
+def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    d = after.get(key, 0.0) - before.get(key, 0.0)
+    if d < 0:
+        raise ValueError(f"metrics: counter {key} went backwards ({before.get(key)} -> {after.get(key)}); "
+                         "was the server restarted between the scrapes?")
+    return d
+
+
+def per_position_accepted(m: dict[str, float]) -> dict[int, float]:
+    """Accepted tokens per draft position, summed over other labels (engines), from parse_metrics() output."""
+    out: dict[int, float] = {}
+    for key, value in m.items():
+        if key.startswith(PER_POS + "{"):
+            pos = _POSITION.search(key)
+            if pos:
+                out[int(pos.group(1))] = out.get(int(pos.group(1)), 0.0) + value
+    return out
+
+
+def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """vLLM's spec-decode counters over one run (two parse_metrics() scrapes): drafts, draft tokens, accepted,
+    τ = 1 + accepted / drafts (bonus token included), draft acceptance rate, and per-position acceptance rate
+    (accepted at position k / drafts). τ and rates are None when nothing was drafted."""
+    drafts = _delta(after, before, DRAFTS)
+    draft_tokens = _delta(after, before, DRAFT_TOKENS)
+    accepted = _delta(after, before, ACCEPTED)
+    pos_after, pos_before = per_position_accepted(after), per_position_accepted(before)
+    per_pos = []
+    for k in sorted(pos_after):
+        d = pos_after[k] - pos_before.get(k, 0.0)
+        if d < 0:
+            raise ValueError(f"metrics: per-position counter {k} went backwards")
+        per_pos.append(d)
+    return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted,
+            "tau": 1.0 + accepted / drafts if drafts > 0 else None,
+            "draft_acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
+            "per_position_accepted": per_pos,
+            "per_position_rate": [p / drafts for p in per_pos] if drafts > 0 else []}
+
+
+def compare_outputs(base: dict[str, str], other: dict[str, str], excerpt: int = 80) -> dict[str, Any]:
+    """Greedy outputs of a configuration vs the baseline on the same prompt ids: how many are identical,
+    and for each mismatch where it starts (character offset) with an excerpt of both texts from there."""
+    ids = [i for i in other if i in base]
+    mismatches = []
+    for i in ids:
+        a, b = base[i], other[i]
+        if a == b:
+            continue
+        at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        mismatches.append({"id": i, "first_diff_char": at, "base_len": len(a), "other_len": len(b),
+                           "base": a[at: at + excerpt], "other": b[at: at + excerpt]})
+    return {"identical": len(ids) - len(mismatches), "compared": len(ids), "mismatches": mismatches}
+
+
+def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none") -> None:
+    """In place: speedup (output tok/s over the baseline's) and output comparison for every run that has a
+    baseline run at the same prompt set and concurrency."""
+    base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == baseline and r.get("ok")}
+    for r in runs:
+        b = base.get((r["prompt_set"], r["concurrency"]))
+        if not r.get("ok") or b is None:
+            r["speedup"], r["vs_baseline"] = None, None
+            continue
+        r["speedup"] = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] > 0 else None
+        r["vs_baseline"] = None if r is b else compare_outputs(b["outputs"], r["outputs"])
