@@ -67,6 +67,27 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(a: argparse.Namespace) -> int:
+    """A training run's latest checkpoint -> a serving draft folder (bf16, config.json + model.safetensors)."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vllm_dflash.model import DFlashDraftModel
+    from vllm_dflash.target import resolve_target
+
+    ckpt = Path(a.run) / "checkpoint"
+    if not (ckpt / "config.json").is_file():
+        raise SystemExit(f"export: {ckpt} has no config.json. Fix: pass the --out folder of `vllm-dflash train`")
+    tgt = AutoModelForCausalLM.from_pretrained(str(resolve_target(a.target)), dtype=torch.float32)
+    draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
+    out = draft.save_pretrained(a.out, dtype=torch.bfloat16)
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["state"]
+    print(json.dumps({"draft": str(out), "step": state["step"], "epoch": state["epoch"], "position": state["pos"]}))
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from vllm_dflash.demo import run_demo
 
@@ -126,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--feature-cache", default=None, help="cache target features on disk here")
     s.add_argument("--threads", type=int, default=None)
     s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("export", help="a training run's latest checkpoint -> a serving draft folder (bf16)")
+    s.add_argument("--run", required=True, help="the --out folder of `vllm-dflash train`")
+    s.add_argument("--out", required=True, help="draft folder to write (config.json + model.safetensors)")
+    s.add_argument("--target", default=None)
+    s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("eval", help="τ, per-position acceptance and speedup of a draft (reference loop)")
     s.add_argument("--target", default=None)
