@@ -12,13 +12,15 @@ draft layers' paged caches (fused: straight from the kernel epilogue, no K/V int
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
 from vllm_dflash.model import apply_rope, rms_norm
-from vllm_dflash.ops._ext import fused_available
+from vllm_dflash.ops._ext import fused_available, mode
 
 # Paged-cache layouts the fused CPU kernel writes (vLLM 0.32 CPU attention, ISA "vec" / "vec16"):
 # cache [num_blocks, nkv, block_size, 2*hd]; per (block, head) K as [hd, block_size], then V as [block_size, hd].
@@ -95,36 +97,59 @@ def write_cache_reference(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.
         raise ValueError(f"layout: unknown {layout!r}; expected {CPU_VEC_LAYOUT!r} or {CUDA_LAYOUT!r}")
 
 
-def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights) -> None:
+def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights, check_positions: bool = True) -> None:
     if ctx.dim() != 2 or ctx.shape[1] != w.hidden_norm_weight.shape[0]:
         raise ValueError(f"ctx: expected [T, {w.hidden_norm_weight.shape[0]}], got {tuple(ctx.shape)}")
     if positions.shape != (ctx.shape[0],):
         raise ValueError(f"positions: expected [{ctx.shape[0]}], got {tuple(positions.shape)}")
     if ctx.device != w.kv_weight.device:
         raise ValueError(f"ctx on {ctx.device} but weights on {w.kv_weight.device}")
-    if ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
+    # the CPU kernel range-checks positions itself; on GPU a check would be a host sync
+    if check_positions and ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
         raise ValueError(f"positions: max {int(positions.max())} is beyond the RoPE cache ({w.cos_sin_cache.shape[0]} "
                          "rows). Fix: raise the draft's max_position_embeddings")
 
 
-def _fused_ok(ctx: torch.Tensor, w: KVInjectionWeights) -> bool:
-    return (ctx.dtype in (torch.float32, torch.bfloat16) and fused_available(ctx.device)
-            and w.head_dim % 2 == 0 and w.head_dim <= 512
-            and all(t.dtype == ctx.dtype for t in (w.hidden_norm_weight, w.kv_weight, w.k_norm_weight, w.cos_sin_cache)))
+@functools.lru_cache(maxsize=16)
+def _prepared(w: KVInjectionWeights, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    """The kernel's weight arguments (contiguous), or None when the fused kernel cannot serve (checked once per
+    weights / dtype / device, not per step)."""
+    ok = (dtype in (torch.float32, torch.bfloat16) and fused_available(device) and w.head_dim % 2 == 0
+          and w.head_dim <= 512
+          and all(t.dtype == dtype for t in (w.hidden_norm_weight, w.kv_weight, w.k_norm_weight, w.cos_sin_cache)))
+    if not ok:
+        return None
+    return (w.hidden_norm_weight.contiguous(), w.kv_weight.contiguous(), w.k_norm_weight.contiguous(),
+            w.cos_sin_cache.contiguous())
 
 
-def _fused_args(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights):
-    return (ctx.contiguous(), positions.to(torch.long).contiguous(), w.hidden_norm_weight.contiguous(),
-            w.kv_weight.contiguous(), w.k_norm_weight.contiguous(), w.cos_sin_cache.contiguous())
+def _fused_weights(ctx: torch.Tensor, w: KVInjectionWeights) -> tuple[torch.Tensor, ...] | None:
+    return None if mode() == "reference" else _prepared(w, ctx.dtype, ctx.device)
+
+
+@contextlib.contextmanager
+def _kernel_errors():
+    """The kernel's input errors as the ValueErrors the Python checks raise (field + fix)."""
+    try:
+        yield
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0]
+        if "RoPE cache" in msg:
+            raise ValueError(f"{msg}. Fix: raise the draft's max_position_embeddings") from e
+        if "slot_mapping" in msg:
+            raise ValueError(f"{msg}. Fix: pass slots inside the draft layers' KV caches") from e
+        raise
 
 
 def inject_context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked entry point -> K, V [L, T, nkv, hd]: the fused kernel when available, else the reference."""
-    _check(ctx, positions, w)
-    if _fused_ok(ctx, w):
-        return torch.ops.vllm_dflash.fused_context_kv(*_fused_args(ctx, positions, w), w.num_kv_heads, w.head_dim,
-                                                      float(w.eps), bool(w.is_neox))
+    fw = _fused_weights(ctx, w)
+    _check(ctx, positions, w, check_positions=fw is None)
+    if fw is not None:
+        with _kernel_errors():
+            return torch.ops.vllm_dflash.fused_context_kv(ctx.contiguous(), positions.to(torch.long).contiguous(), *fw,
+                                                          w.num_kv_heads, w.head_dim, float(w.eps), bool(w.is_neox))
     return inject_context_kv_reference(ctx, positions, w)
 
 
@@ -136,18 +161,20 @@ def inject_context_kv_to_cache(ctx: torch.Tensor, positions: torch.Tensor, slot_
     layout: CPU_VEC_LAYOUT / CUDA_LAYOUT for the fused kernel, None for a cache the kernel does not know;
     then K/V are computed (fused when possible) and `write_fallback(layer, k, v)` stores them (e.g. vLLM's
     own do_kv_cache_update). Returns the path taken ("fused", "fused-compute", "reference")."""
-    _check(ctx, positions, w)
+    fw = _fused_weights(ctx, w)
+    _check(ctx, positions, w, check_positions=fw is None)
     if len(caches) != w.num_layers:
         raise ValueError(f"caches: {len(caches)} given, the draft has {w.num_layers} layers")
-    fused = _fused_ok(ctx, w)
+    fused = fw is not None
     cache_ok = (layout == CPU_VEC_LAYOUT and ctx.device.type == "cpu") or (layout == CUDA_LAYOUT and ctx.device.type == "cuda")
     cache_ok = cache_ok and all(c.dtype == ctx.dtype and c.dim() == 4 and c.stride(-1) == 1 for c in caches)
     if layout == CPU_VEC_LAYOUT:
         cache_ok = cache_ok and all(c.stride(2) == c.shape[3] for c in caches)
     if fused and cache_ok:
-        torch.ops.vllm_dflash.fused_context_kv_to_cache(
-            *_fused_args(ctx, positions, w)[:2], slot_mapping.to(torch.long).contiguous(),
-            *_fused_args(ctx, positions, w)[2:], list(caches), w.num_kv_heads, w.head_dim, float(w.eps), bool(w.is_neox))
+        with _kernel_errors():
+            torch.ops.vllm_dflash.fused_context_kv_to_cache(
+                ctx.contiguous(), positions.to(torch.long).contiguous(), slot_mapping.to(torch.long).contiguous(), *fw,
+                list(caches), w.num_kv_heads, w.head_dim, float(w.eps), bool(w.is_neox))
         return "fused"
     k, v = inject_context_kv(ctx, positions, w)
     for i in range(w.num_layers):
