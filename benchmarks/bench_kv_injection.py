@@ -211,7 +211,7 @@ def main(argv=None) -> int:
         target = resolve_target(None)
         draft, _ = ensure_draft(a.draft or "models/SmolLM2-135M-Instruct-DFlash-b8", target)
         result["serving"] = sh = serving_share(str(target), str(draft), num_prompts=8, max_tokens=64)
-        result["serving"]["draft"] = str(draft)
+        result["meta"]["serving_draft"] = str(draft)
         md += ("\n\nServing path (vLLM, our drafter, SmolLM2 + block-8 draft, 8 HumanEval prompts x 64 tokens): "
                "KV injection per draft step " + ", ".join(
                    f"{k} {v['injection_ms_per_step']:.2f} ms ({100 * v['injection_share_of_draft_step']:.0f}% of "
