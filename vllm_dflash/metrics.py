@@ -3,7 +3,8 @@
 
 vLLM's drafter runs in the worker process and the scheduler in the engine-core process, while
 `/metrics` is served by the API server. Each process that produces our metrics keeps them in a
-`MetricsSink` and writes a snapshot (JSON, atomic rename, at most every `FLUSH_INTERVAL_S`) into
+`MetricsSink` and writes a snapshot (JSON, atomic rename, at most every `FLUSH_INTERVAL_S`; a throttled
+flush is deferred, so the last change reaches the snapshot within `FLUSH_INTERVAL_S` even when idle) into
 $VLLM_DFLASH_METRICS_DIR. The API server's `DFlashCollector` (a prometheus_client custom collector
 registered by the plugin) merges all snapshots on every scrape. The directory is created by the
 first process that loads the plugin (the API server) and inherited by the processes it spawns.
@@ -86,6 +87,8 @@ class MetricsSink:
         self.counters = {k: 0.0 for k in COUNTERS}
         self._last_flush = 0.0
         self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._timer: threading.Timer | None = None
         d = os.environ.get(ENV_DIR)
         self.path = Path(d) / f"proc-{os.getpid()}.json" if d else None
 
@@ -107,20 +110,40 @@ class MetricsSink:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"hists": {k: {"counts": h.counts, "sum": h.sum, "count": h.count} for k, h in self.hists.items()},
+            return {"hists": {k: {"counts": list(h.counts), "sum": h.sum, "count": h.count}
+                              for k, h in self.hists.items()},
                     "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time()}
 
     def flush(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.path is None or (not force and now - self._last_flush < FLUSH_INTERVAL_S):
+        """Write a snapshot, at most every FLUSH_INTERVAL_S; a throttled flush is deferred (not dropped), so the
+        snapshot on disk catches up with the last observation even when the server goes idle right after it."""
+        if self.path is None:
             return
-        self._last_flush = now
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self.snapshot()))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # metrics must never break serving
+        wait = FLUSH_INTERVAL_S - (time.monotonic() - self._last_flush)
+        if not force and wait > 0:
+            self._defer(wait)
+            return
+        with self._io_lock:
+            self._last_flush = time.monotonic()
+            tmp = self.path.with_suffix(".tmp")
+            try:
+                tmp.write_text(json.dumps(self.snapshot()))
+                os.replace(tmp, self.path)
+            except OSError:
+                pass  # metrics must never break serving
+
+    def _defer(self, delay: float) -> None:
+        with self._io_lock:
+            if self._timer is not None and self._timer.is_alive():
+                return  # the pending flush has not taken its snapshot yet: it will include this change
+            self._timer = threading.Timer(delay, self._deferred_flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _deferred_flush(self) -> None:
+        with self._io_lock:
+            self._timer = None  # before the snapshot: a change after it schedules a new flush
+        self.flush(force=True)
 
 
 def read_snapshots(directory: str | Path | None = None) -> list[dict]:

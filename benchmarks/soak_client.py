@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The soak test's clients: up to N concurrent asyncio workers sending `Req`s over httpx (loopback only), and a
+sampler of the server process tree's memory.
+
+Every request gets exactly one `Outcome`: ok (200, full response), http_4xx / http_5xx, stream_error (an error
+event inside a 200 stream), disconnected / timed_out (what the client meant to do), cut (still in flight at the
+round's hard deadline: the client closed the connection), or error (anything else: connection reset, unexpected
+client timeout). Each request carries `X-Request-Id: <tag>`, which vLLM uses as
+its request id, so the server log (`--enable-log-requests`) can be matched against the client's outcomes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from soak_plan import Req
+
+
+@dataclass
+class Outcome:
+    tag: str
+    kind: str
+    case: str
+    endpoint: str
+    stream: bool
+    status: str  # ok | http_4xx | http_5xx | stream_error | disconnected | timed_out | cut | error
+    http_code: int | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    chunks: int = 0
+    latency_s: float = 0.0
+    error: str = ""
+
+
+def _content(choice: dict[str, Any], endpoint: str, stream: bool) -> str:
+    if endpoint == "completions":
+        return choice.get("text") or ""
+    part = choice.get("delta" if stream else "message") or {}
+    return part.get("content") or ""
+
+
+async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], out: Outcome, timeout: float) -> None:
+    async with client.stream("POST", req.path, json=req.body, headers=headers, timeout=timeout) as r:
+        out.http_code = r.status_code
+        if r.status_code != 200:
+            await r.aread()
+            out.status = "http_4xx" if 400 <= r.status_code < 500 else "http_5xx"
+            out.error = r.text[:300]
+            return
+        parts: list[str] = []
+        finished = False
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:].strip()
+            if data == "[DONE]":
+                finished = True
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                out.status, out.error = "stream_error", json.dumps(ev["error"])[:300]
+                return
+            out.chunks += 1
+            for ch in ev.get("choices") or []:
+                parts.append(_content(ch, req.endpoint, True))
+                out.finish_reason = ch.get("finish_reason") or out.finish_reason
+            if ev.get("usage"):
+                out.completion_tokens = ev["usage"].get("completion_tokens")
+            if req.kind == "disconnect" and out.chunks >= req.disconnect_after:
+                out.status, out.text = "disconnected", "".join(parts)
+                return  # leaving the context closes the connection mid-stream
+        out.text = "".join(parts)
+        out.status, out.error = ("ok", "") if finished else ("error", "stream ended without [DONE]")
+
+
+async def send(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: float) -> Outcome:
+    """Send one request and classify what came back."""
+    out = Outcome(tag=tag, kind=req.kind, case=req.case, endpoint=req.endpoint, stream=req.stream, status="error",
+                  max_tokens=(req.body or {}).get("max_tokens"), stop=list(req.stop))
+    headers = {"X-Request-Id": tag}
+    timeout = req.client_timeout or request_timeout
+    t0 = time.perf_counter()
+    try:
+        if req.stream:
+            await _stream(client, req, headers, out, timeout)
+        else:
+            if req.raw is not None:
+                r = await client.post(req.path, content=req.raw, timeout=timeout,
+                                      headers={**headers, "Content-Type": "application/json"})
+            else:
+                r = await client.post(req.path, json=req.body, headers=headers, timeout=timeout)
+            out.http_code = r.status_code
+            if r.status_code == 200:
+                js = r.json()
+                ch = js["choices"][0]
+                out.text, out.finish_reason = _content(ch, req.endpoint, False), ch.get("finish_reason")
+                out.completion_tokens = (js.get("usage") or {}).get("completion_tokens")
+                out.status = "ok"
+            else:
+                out.status = "http_4xx" if 400 <= r.status_code < 500 else "http_5xx"
+                out.error = r.text[:300]
+    except httpx.TimeoutException as e:
+        out.status = "timed_out" if req.kind == "timeout" else "error"
+        out.error = f"client timeout after {timeout:.1f}s ({type(e).__name__})"
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError) as e:
+        out.status, out.error = "error", f"{type(e).__name__}: {e}"[:300]
+    out.latency_s = time.perf_counter() - t0
+    return out
+
+
+async def drive(url: str, reqs: list[Req], tag_prefix: str, concurrency: int, request_timeout: float,
+                deadline: float | None = None, hard_deadline: float | None = None,
+                on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Send `reqs` with `concurrency` workers; take no new request after `deadline` and cancel what is still in
+    flight at `hard_deadline` (time.time() values; outcome `cut`). Returns the outcomes in request order; requests
+    never taken are left out (they are always a tail of `reqs`)."""
+    results: dict[int, Outcome] = {}
+    inflight: dict[int, float] = {}
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(reqs)):
+        queue.put_nowait(i)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, limits=limits, trust_env=False) as client:
+        async def worker() -> None:
+            while deadline is None or time.time() < deadline:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                inflight[i] = time.perf_counter()
+                results[i] = await send(client, reqs[i], f"{tag_prefix}-{i:05d}", request_timeout)
+                del inflight[i]
+                if on_done is not None:
+                    on_done(results[i])
+
+        workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
+        _, pending = await asyncio.wait(workers, timeout=None if hard_deadline is None
+                                        else max(0.0, hard_deadline - time.time()))
+        for t in pending:
+            t.cancel()  # closes the requests' connections: the server must abort them
+        await asyncio.gather(*pending, return_exceptions=True)
+        for i, t0 in inflight.items():
+            r = reqs[i]
+            results[i] = Outcome(tag=f"{tag_prefix}-{i:05d}", kind=r.kind, case=r.case, endpoint=r.endpoint,
+                                 stream=r.stream, status="cut", max_tokens=(r.body or {}).get("max_tokens"),
+                                 stop=list(r.stop), latency_s=time.perf_counter() - t0, error="round deadline")
+            if on_done is not None:
+                on_done(results[i])
+    return [results[i] for i in sorted(results)]
+
+
+def tree_rss(pid: int) -> int:
+    """Resident set size (bytes) of a process and all its descendants (psutil; /proc fallback)."""
+    try:
+        import psutil
+    except ImportError:
+        return _proc_tree_rss(pid)
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def rss_by_process(pid: int) -> dict[str, int]:
+    """RSS (bytes) per process of the server tree, labelled by role: vLLM's API server (the root), its engine core
+    (a child), the worker (a grandchild), multiprocessing helpers (resource_tracker); psutil only."""
+    import psutil
+
+    out: dict[str, int] = {}
+    try:
+        root = psutil.Process(pid)
+        procs = [(root, 0)] + [(c, 1 + (c.ppid() != pid)) for c in root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for p, depth in procs:
+        try:
+            cmd = " ".join(p.cmdline())
+            role = ("resource_tracker" if "resource_tracker" in cmd else
+                    ("api_server", "engine_core", "worker")[min(depth, 2)])
+            out[f"{role}:{p.pid}"] = p.memory_info().rss
+        except psutil.Error:
+            pass
+    return out
+
+
+def _proc_tree_rss(pid: int) -> int:
+    import os
+
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            for line in open(f"/proc/{p}/status"):
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+class RssSampler:
+    """Samples tree_rss(pid) every `interval` s in a thread; keeps the peak and named checkpoints."""
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        self.pid, self.interval = pid, interval
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> int:
+        v = tree_rss(self.pid)
+        self.peak = max(self.peak, v)
+        self.samples += 1
+        return v
+
+    def start(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The soak test (benchmarks/soak.py): its checks catch what they are meant to catch (fast, no vLLM), and the quick
+mode against a real `vllm serve` with our drafter passes them (marked vllm, ~5 min on 2 cores)."""
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import soak_report  # noqa: E402
+
+
+def _outcome(tag, kind="greedy", status="ok", **kw):
+    o = {"tag": tag, "kind": kind, "case": kw.pop("case", "g00"), "endpoint": "chat", "stream": False,
+         "status": status, "http_code": 200, "text": "x = 1", "finish_reason": "length", "completion_tokens": 4,
+         "max_tokens": 4, "stop": [], "chunks": 0, "latency_s": 1.0, "error": ""}
+    o.update(kw)
+    return o
+
+
+def _good_result():
+    outs = [_outcome("soak-r1-00000"), _outcome("soak-r1-00001", kind="malformed", status="http_4xx", http_code=400,
+                                                  case="bad_top_p"),
+            _outcome("soak-r1-00002", kind="timeout", status="timed_out"),
+            _outcome("soak-r1-00003", kind="disconnect", status="disconnected")]
+    alone = {"g00": "x = 1"}
+    log = {"added": {"soak-r1-00000", "soak-r1-00002", "soak-r1-00003"}, "aborted": {"soak-r1-00002", "soak-r1-00003"}}
+    rounds = []
+    for i in (1, 2):
+        r = soak_report.summarize_round(outs, alone, 10.0)
+        r.update(index=i, after={"kv_cache_usage": 0.0, "running": 0.0, "waiting": 0.0, "rss_bytes": 100},
+                 server_log=soak_report.account(outs, log, "soak-r1"), metrics={"tau": 1.0})
+        rounds.append(r)
+    return {"meta": {"duration_limit_s": 300, "wall_s": 200}, "alone": {"all_ok": True}, "rounds": rounds,
+            "memory": {"growth_round2": 0.001}, "final": {"identical": True},
+            "metrics_consistency": {"ours": 5.0, "vllm": 5.0},
+            "startup_suite": [{"name": "missing_draft", "ok": True}],
+            "server_log_errors": {"logged_4xx_replies": 0, "other": []},
+            "server_stop": {"group_gone": True, "exit_code": 0}}
+
+
+def _failed(res):
+    return {c["name"] for c in soak_report.evaluate(res) if not c["ok"]}
+
+
+def test_checks_pass_on_a_clean_result():
+    assert _failed(_good_result()) == set()
+
+
+@pytest.mark.parametrize("name,doctor", [
+    ("no_5xx", lambda r: r["rounds"][0].update(failed_5xx=1)),
+    ("only_malformed_4xx", lambda r: r["rounds"][1]["valid_4xx"].append({"tag": "soak-r2-00007"})),
+    ("malformed_rejected", lambda r: r["rounds"][0]["malformed"].update(rejected_4xx=0)),
+    ("greedy_identical_under_load", lambda r: r["rounds"][0]["greedy"].update(identical=0)),
+    ("nothing_lost", lambda r: r["rounds"][0]["server_log"]["added_unaccounted"].append("soak-r1-00009")),
+    ("nothing_lost", lambda r: r["rounds"][1]["server_log"]["client_aborts_not_aborted_by_server"].append("x")),
+    ("kv_cache_back_to_zero", lambda r: r["rounds"][1]["after"].update(kv_cache_usage=0.01)),
+    ("no_stuck_requests", lambda r: r["rounds"][0]["after"].update(running=1.0)),
+    ("memory_stable", lambda r: r["memory"].update(growth_round2=0.06)),
+    ("final_answer_correct", lambda r: r["final"].update(identical=False)),
+    ("our_metrics_match_vllm", lambda r: r["metrics_consistency"].update(ours=4.0)),
+    ("bad_configs_rejected", lambda r: r["startup_suite"].append({"name": "other_target", "ok": False})),
+    ("server_log_clean", lambda r: r["server_log_errors"]["other"].append("ERROR boom")),
+    ("server_stopped", lambda r: r["server_stop"].update(group_gone=False)),
+    ("within_time_bound", lambda r: r["meta"].update(wall_s=301)),
+])
+def test_each_check_can_fail(name, doctor):
+    res = copy.deepcopy(_good_result())
+    doctor(res)
+    assert name in _failed(res)
+
+
+def test_output_problems():
+    o = _outcome("t", completion_tokens=5, max_tokens=4)
+    assert any("max_tokens" in p for p in soak_report.output_problems(o))
+    o = _outcome("t", finish_reason="stop", completion_tokens=2, stop=["\n\n"], text="a\n\nb")
+    assert any("stop string" in p for p in soak_report.output_problems(o))
+    assert soak_report.output_problems(_outcome("t", finish_reason="length", completion_tokens=3)) != []
+    assert soak_report.output_problems(_outcome("t", finish_reason="abort")) != []
+    assert soak_report.output_problems(_outcome("t")) == []
+
+
+def test_server_log_parsing():
+    text = ("(APIServer pid=1) INFO [async_llm.py:577] Added request cmpl-soak-r1-00003-0-9f1c.\n"
+            "(APIServer pid=1) INFO [async_llm.py:922] Aborted request(s) chatcmpl-soak-r2-00010-1a2b.\n"
+            "(APIServer pid=1) INFO [async_llm.py:782] Request chatcmpl-soak-r2-00011 aborted.\n")
+    log = soak_report.parse_server_log(text)
+    assert log == {"added": {"soak-r1-00003"}, "aborted": {"soak-r2-00010", "soak-r2-00011"}}
+
+
+def test_plan_is_seeded_and_complete():
+    import random
+
+    from soak_plan import MALFORMED, QUICK, build_round, greedy_cases, load_prompts, too_long_text
+
+    prompts = load_prompts(QUICK.max_prompt_chars)
+    assert {p["source"] for p in prompts} == {"humaneval-chat", "humaneval-raw", "web-chat"}
+    long_text = too_long_text(6 * 2048)
+    rounds = []
+    for _ in range(2):
+        cases = greedy_cases(prompts, QUICK, random.Random(0))
+        rounds.append([r.to_json() for r in build_round(prompts, cases, QUICK, 1, long_text)])
+    assert rounds[0] == rounds[1]
+    kinds = [r["kind"] for r in rounds[0]]
+    assert kinds.count("greedy") == QUICK.greedy_cases and kinds.count("malformed") == 2 * len(MALFORMED)
+    assert {r["case"] for r in rounds[0] if r["kind"] == "malformed"} == set(MALFORMED)
+    assert any(r["stream"] for r in rounds[0]) and any(not r["stream"] for r in rounds[0])
+    assert {r["endpoint"] for r in rounds[0]} == {"completions", "chat"}
+
+
+@pytest.mark.vllm
+def test_soak_quick(tmp_path):
+    """benchmarks/soak.py --quick against the default target and draft: every check but the time bound must pass
+    (the time bound depends on what else the machine runs; a runaway is still caught below)."""
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--quick", "--out", str(out),
+                           "--log", str(tmp_path / "serve.log")], capture_output=True, text=True, timeout=840)
+    assert out.exists(), f"no JSON (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+    res = json.loads(out.read_text())
+    failed = {c["name"]: c["detail"] for c in res["checks"] if not c["ok"]}
+    failed.pop("within_time_bound", None)
+    assert not failed, failed
+    assert proc.returncode == (0 if res["passed"] else 1)
+    assert res["meta"]["wall_s"] < 2 * res["meta"]["duration_limit_s"]
+    rounds = res["rounds"]
+    assert all(r["failed_5xx"] == 0 and r["errors"] == 0 for r in rounds)
+    assert all(r["rejected_4xx"] == r["malformed"]["sent"] > 0 for r in rounds)
+    assert sum(r["greedy"]["compared"] for r in rounds) >= 2 * res["meta"]["sizes"]["greedy_cases"]
+    assert all(r["after"]["kv_cache_usage"] == 0 and r["after"]["running"] == 0 for r in rounds)
+    assert len(res["startup_suite"]) == 4 and all(c["ok"] and c["exit_code"] != 0 for c in res["startup_suite"])
