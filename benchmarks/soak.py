@@ -6,7 +6,7 @@ any failed check.
     python benchmarks/soak.py --quick                  # ~5 min (CI: tests/test_soak.py)
     python benchmarks/soak.py --duration 1200          # the full soak, ~20 min
     python benchmarks/soak.py --render benchmarks/results/soak-full.json benchmarks/results/soak-quick.json \
-        --md docs/RELIABILITY.md                        # the report from the JSON results
+        --notes benchmarks/soak_notes.md --md docs/RELIABILITY.md   # the report from the JSON results
 
 Target: SmolLM2-135M-Instruct (prepared from the bundled GGUF); draft: models/SmolLM2-135M-Instruct-DFlash-b8 if
 present, else the untrained draft the demo builds. Loopback only; bounded by --duration (each round takes new
@@ -134,6 +134,7 @@ def watchdog(srv, bound_s: float, t0: float, stop: threading.Event) -> None:
 
 def run_soak(a: argparse.Namespace) -> dict[str, Any]:
     from vllm_dflash.serving import Server
+    from vllm_dflash.utils import default_dtype
 
     t0 = time.time()
     sizes: Sizes = QUICK if a.quick else FULL
@@ -152,7 +153,8 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
         "mode": "quick" if a.quick else "full", "seed": a.seed, "concurrency": a.concurrency, "rounds": a.rounds,
         "duration_limit_s": a.duration, "startup_mode": a.startup_mode, "max_model_len": a.max_model_len,
         "target": str(target), "draft": str(draft), "draft_untrained": untrained,
-        "num_speculative_tokens": block - 1, "sizes": asdict(sizes),
+        "num_speculative_tokens": block - 1, "sizes": asdict(sizes), "server_env": a.server_env,
+        "dtype": default_dtype(),
         "prompts_available": len(prompts), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                        "python": platform.python_version()},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "log": str(a.log), "loadavg_start": os.getloadavg()[0]}}
@@ -169,7 +171,8 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
     Path(a.log).parent.mkdir(parents=True, exist_ok=True)
     spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": block - 1}
     srv = Server(str(target), speculative_config=spec, max_model_len=a.max_model_len, log_path=str(a.log),
-                 extra_args=["--enable-log-requests"], env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                 extra_args=["--enable-log-requests"],
+                 env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **dict(kv.split("=", 1) for kv in a.server_env)})
     log("starting vllm serve ...")
     ts = time.perf_counter()
     srv.start(timeout=600)
@@ -276,14 +279,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="bad configurations: forked from one vLLM import (quick default) or one process each (full)")
     p.add_argument("--startup-parallel", type=int, default=1, help="exec mode: bad configurations started at a time")
     p.add_argument("--skip-startup-suite", action="store_true")
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment variable for the server (repeatable), e.g. MALLOC_MMAP_THRESHOLD_=1048576")
     p.add_argument("--keep-outcomes", action="store_true", help="store every request's outcome in the JSON")
     p.add_argument("--out", default=None, help="JSON result (default benchmarks/results/soak-{quick,full}.json)")
     p.add_argument("--log", default=None, help="server log (default runs/soak/soak-{quick,full}-serve.log)")
     p.add_argument("--render", nargs="+", default=None, metavar="JSON", help="render these results as markdown")
     p.add_argument("--md", default=None, help="with --render: write the markdown here (else stdout)")
+    p.add_argument("--notes", default=None, help="with --render: a markdown file of findings to include")
     a = p.parse_args(argv)
     if a.render:
-        md = soak_report.render_markdown([json.loads(Path(f).read_text()) for f in a.render], a.render)
+        md = soak_report.render_markdown([json.loads(Path(f).read_text()) for f in a.render], a.render,
+                                         Path(a.notes).read_text() if a.notes else "", a.notes or "")
         if a.md:
             Path(a.md).write_text(md)
             log(f"wrote {a.md}")
