@@ -125,6 +125,21 @@ def test_registry_and_overrides():
         configs.select(["none", "ours"], spec_extra=["ours:novalue"])
 
 
+def test_adaptive_delta_and_table():
+    before = {"vllm_dflash:proposals_dflash_total": 10.0}
+    after = {"vllm_dflash:proposals_dflash_total": 16.0, "vllm_dflash:proposals_ngram_total": 3.0,
+             "vllm_dflash:proposals_none_total": 1.0, "vllm_dflash:drafted_tokens_dflash_total": 24.0,
+             "vllm_dflash:accepted_tokens_dflash_total": 6.0, "vllm_dflash:drafted_tokens_ngram_total": 6.0,
+             "vllm_dflash:accepted_tokens_ngram_total": 6.0}
+    a = stats.adaptive_delta(before, after)
+    assert a["share"] == {"dflash": 0.6, "ngram": 0.3, "none": 0.1} and a["mean_draft_len"] == 3.0
+    assert a["acceptance_rate"] == {"dflash": 0.25, "ngram": 1.0}
+    assert stats.adaptive_delta(after, after) is None
+    row = {"ok": True, "prompt_set": "humaneval", "concurrency": 8, "config": "ours-adaptive", "adaptive": a}
+    assert "| humaneval | 8 | ours-adaptive | 60% | 30% | 10% | 3.00 | 0.25 | 1.00 |" in report.render_adaptive([row])
+    assert report.render_adaptive([{**row, "adaptive": None}]) is None
+
+
 def test_unknown_plugin_keys_make_a_config_unavailable():
     known = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS"}
     cfg = configs.BenchConfig("x", "x", method="dflash", spec_extra={"adaptive": True}, uses_draft=True)
@@ -146,9 +161,12 @@ def test_bench_quick_tiny_pair(pair, tmp_path):
                           cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "tiny.json").read_text())
-    assert res["configs"]["ours-adaptive"]["status"] in ("unavailable", "ok")
+    assert res["configs"]["ours-adaptive"]["status"] == "ok"
     runs = {r["config"]: r for r in res["runs"]}
-    assert set(runs) >= {"none", "ours"} and all(r["ok"] for r in res["runs"])
+    assert set(runs) >= {"none", "ours", "ours-adaptive"} and all(r["ok"] for r in res["runs"])
+    ad = runs["ours-adaptive"]
+    assert ad["vs_baseline"]["identical"] == ad["vs_baseline"]["compared"] == 2
+    assert ad["adaptive"]["request_steps"] > 0 and abs(sum(ad["adaptive"]["share"].values()) - 1) < 1e-9
     none, ours = runs["none"], runs["ours"]
     assert none["output_tokens"] > 0 and none["output_tokens"] == none["server_generation_tokens"]
     assert none["spec_decode"] is None and none["speedup"] == 1.0

@@ -37,12 +37,25 @@ HISTOGRAMS = {
     "draft_forward_seconds": ("Draft forward time per drafting step (all denoising passes).", LATENCY_BUCKETS),
     "kv_injection_seconds": ("Context K/V injection time per drafting step.", LATENCY_BUCKETS),
     "accepted_tokens_per_step": ("Accepted draft tokens per request per verify step.", ACCEPT_BUCKETS),
+    "draft_tokens_per_request": ("Adaptive drafting: draft tokens chosen per request per step (0 = none).",
+                                 ACCEPT_BUCKETS),
 }
 GAUGES = {
     "block_size": "Block size in use (anchor + draft tokens per request).",
     "diffusion_steps": "Denoising passes per draft block.",
+    "cost_fixed_ms": "Adaptive drafting: fitted fixed cost of a step (alpha of T(n) = alpha + beta*n), ms.",
+    "cost_per_token_ms": "Adaptive drafting: fitted cost per query token of a step (beta), ms.",
 }
-COUNTERS = {"draft_steps": "Drafter invocations (one per engine step with drafting)."}
+COUNTERS = {
+    "draft_steps": "Drafter invocations (one per engine step with drafting).",
+    "proposals_dflash": "Adaptive drafting: request-steps that verified a DFlash block.",
+    "proposals_ngram": "Adaptive drafting: request-steps that verified a prompt-lookup (n-gram) proposal.",
+    "proposals_none": "Adaptive drafting: request-steps without speculation (k = 0).",
+    "drafted_tokens_dflash": "Adaptive drafting: DFlash draft tokens sent to verification.",
+    "drafted_tokens_ngram": "Adaptive drafting: prompt-lookup draft tokens sent to verification.",
+    "accepted_tokens_dflash": "Adaptive drafting: accepted DFlash draft tokens.",
+    "accepted_tokens_ngram": "Adaptive drafting: accepted prompt-lookup draft tokens.",
+}
 
 
 def ensure_metrics_dir() -> Path:

@@ -67,11 +67,9 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
                 env={"VLLM_DFLASH_DRAFTER": "ours"}, uses_draft=True),
     BenchConfig("ours-no-overlap", "vllm_dflash drafter, fixed block size, overlap off", method="dflash",
                 env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "0"}, uses_draft=True),
-    # Placeholder: rename the key to the one the adaptive drafter pops once it lands (or pass
-    # --spec-extra ours-adaptive:KEY=VALUE); until the plugin knows the key the config is reported unavailable.
-    BenchConfig("ours-adaptive", "vllm_dflash drafter, adaptive block size", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive_block_size": True}, uses_draft=True,
-                placeholder="placeholder until the adaptive drafter lands"),
+    BenchConfig("ours-adaptive", "vllm_dflash drafter, adaptive: per request DFlash block or prompt lookup, "
+                "0..k tokens from acceptance and an online step-cost model (synchronous scheduling)", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
 ]}
 
 DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive")

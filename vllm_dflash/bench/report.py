@@ -65,6 +65,23 @@ def render_acceptance(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def render_adaptive(runs: list[dict[str, Any]]) -> str | None:
+    """What adaptive drafting chose, per run: share of request-steps per source, mean draft length, and each
+    source's acceptance rate (accepted / drafted tokens)."""
+    rows = [r for r in runs if r.get("ok") and r.get("adaptive")]
+    if not rows:
+        return None
+    lines = ["| prompts | concurrency | configuration | DFlash | n-gram | none | mean draft len | accept DFlash "
+             "| accept n-gram |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a = r["adaptive"]
+        sh, ar = a["share"], a["acceptance_rate"]
+        lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {sh['dflash']:.0%} | "
+                     f"{sh['ngram']:.0%} | {sh['none']:.0%} | {a['mean_draft_len']:.2f} | {_f(ar['dflash'], '{:.2f}')} "
+                     f"| {_f(ar['ngram'], '{:.2f}')} |")
+    return "\n".join(lines)
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
@@ -101,7 +118,11 @@ def render_markdown(result: dict[str, Any]) -> str:
     out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency; "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run)", "",
             render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
-            render_acceptance(result["runs"]), "", "## Losslessness (greedy outputs vs `none`)", ""]
+            render_acceptance(result["runs"]), ""]
+    ad = render_adaptive(result["runs"])
+    if ad:
+        out += ["## Adaptive drafting choices (share of request-steps by source)", "", ad, ""]
+    out += ["## Losslessness (greedy outputs vs `none`)", ""]
     ll = result["losslessness"]
     for name, v in ll["per_config"].items():
         out.append(f"- {name}: {v['identical']}/{v['compared']} identical")

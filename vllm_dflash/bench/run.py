@@ -30,7 +30,7 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
                      "name": "bench_serving_quick"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = ("VLLM_DFLASH_DIFFUSION_STEPS", "VLLM_DFLASH_CONFIDENCE_THRESHOLD", "VLLM_DFLASH_METRICS_DIR",
-              "VLLM_DFLASH_OVERLAP", "VLLM_DFLASH_KV_INJECTION")
+              "VLLM_DFLASH_OVERLAP", "VLLM_DFLASH_KV_INJECTION", "VLLM_DFLASH_ADAPTIVE")
 LAYOUT = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
           "process, TP 1), one process group per configuration, started one after another; the benchmark "
           "client (asyncio, one process) runs on the same machine")
@@ -171,6 +171,7 @@ def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]]
     gen = "vllm:generation_tokens_total"  # the server's own count: a cross-check of the clients' usage records
     run["server_generation_tokens"] = after.get(gen, 0.0) - before.get(gen, 0.0)
     run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
+    run["adaptive"] = stats.adaptive_delta(before, after) if cfg.method else None
     draft_s = sum(after.get(k, 0.0) - before.get(k, 0.0)
                   for k in ("vllm_dflash:draft_forward_seconds_sum", "vllm_dflash:kv_injection_seconds_sum"))
     run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None

@@ -98,6 +98,25 @@ def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict
             "per_position_rate": [p / drafts for p in per_pos] if drafts > 0 else []}
 
 
+def adaptive_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+    """Adaptive drafting's choices over one run (our counters): share of request-steps per source (dflash / ngram /
+    none), draft tokens and acceptance rate per source, mean draft length. None when the run made no choices."""
+    def d(name: str) -> float:
+        key = f"vllm_dflash:{name}_total"
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    props = {s: d(f"proposals_{s}") for s in ("dflash", "ngram", "none")}
+    total = sum(props.values())
+    if total <= 0:
+        return None
+    drafted = {s: d(f"drafted_tokens_{s}") for s in ("dflash", "ngram")}
+    accepted = {s: d(f"accepted_tokens_{s}") for s in ("dflash", "ngram")}
+    return {"request_steps": total, "share": {s: v / total for s, v in props.items()},
+            "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": {s: (accepted[s] / drafted[s] if drafted[s] > 0 else None) for s in drafted},
+            "mean_draft_len": sum(drafted.values()) / total}
+
+
 def compare_outputs(base: dict[str, str], other: dict[str, str], excerpt: int = 80) -> dict[str, Any]:
     """Greedy outputs of a configuration vs the baseline on the same prompt ids: how many are identical,
     and for each mismatch where it starts (character offset) with an excerpt of both texts from there."""

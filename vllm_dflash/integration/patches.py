@@ -150,7 +150,8 @@ def _patch_cpu_expand_kernel() -> None:
 
 # --------------------------------------------------------------------------- patch 6
 def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
-    """Overlap (async) scheduling on CPU: VLLM_DFLASH_OVERLAP=auto (default) turns it on for our DFlash drafter,
+    """Overlap (async) scheduling on CPU: VLLM_DFLASH_OVERLAP=auto (default) turns it on for our DFlash drafter
+    (fixed block; adaptive drafting runs synchronously),
     1 wherever vLLM's own rules allow it, 0 never (vLLM's CPU default). `--no-async-scheduling` always wins:
     vLLM has already decided False before the platform hook runs."""
     from vllm_dflash.integration.drafter_select import selected_drafter
@@ -158,7 +159,13 @@ def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
     mode = os.environ.get("VLLM_DFLASH_OVERLAP", "auto")
     if mode not in ("auto", "0", "1"):
         raise ValueError(f"VLLM_DFLASH_OVERLAP={mode!r}: expected auto, 0 or 1")
-    if not vllm_decided or mode == "0":
+    from vllm_dflash.integration.proposer import adaptive_mode
+
+    adaptive = adaptive_mode() is not None and selected_drafter() == "ours"
+    if mode == "1" and adaptive:
+        raise ValueError("VLLM_DFLASH_OVERLAP=1 with speculative_config.adaptive: adaptive drafting reads the committed "
+                         "token history when drafting and needs synchronous scheduling. Fix: drop one of the two")
+    if not vllm_decided or mode == "0" or adaptive:
         return False
     if mode == "1":
         return True

@@ -6,7 +6,12 @@ It subclasses vLLM's `DFlashProposer`, reusing its input kernel (query ids / pos
 sampler for verification (greedy, or lossless rejection sampling of our one-hot greedy drafts). What
 is ours on the hot path: KV injection through our op (DFlashDraftForVllm), multi-step denoising
 (`diffusion_steps`: keep the confident prefix, re-mask the rest, run the draft again over the same
-slots), reduced-vocabulary argmax, start-up validation, and metrics.
+slots), reduced-vocabulary argmax, start-up validation, metrics, and adaptive drafting (`adaptive`: per request
+the DFlash block or a prompt-lookup proposal, and how many tokens to verify, from measured acceptance and an
+online step-cost model; see vllm_dflash/adaptive/).
+
+Adaptive drafting reads the committed token history on the host and returns per-request lists (variable
+length), so it runs with synchronous scheduling only (the overlap switch turns async off for it).
 
 Async-scheduling rule (vLLM MRv2's invariant): inputs keep the target's token count, rejected
 positions are padding, `num_rejected_tokens` stays a device tensor; `propose` does no host sync
@@ -18,6 +23,7 @@ import math
 import os
 import time
 
+import numpy as np
 import torch
 from typing_extensions import override
 from vllm.forward_context import set_forward_context
@@ -76,11 +82,25 @@ class DFlashDrafter(DFlashProposer):
         self.timer = _StepTimer(torch.device(device))
         self.metrics.set("diffusion_steps", self.diffusion_steps)
         self.metrics.set("block_size", self.num_speculative_tokens + 1)
+        self._runner = runner
+        self.adaptive = adaptive_mode()
+        self.controller = None
+        if self.adaptive is not None:
+            from vllm_dflash.adaptive.controller import AdaptiveController
+
+            if vllm_config.scheduler_config.async_scheduling:
+                raise ValueError("vllm_dflash: adaptive drafting needs synchronous scheduling (it reads the committed "
+                                 "token history when drafting). Fix: drop VLLM_DFLASH_OVERLAP=1 / "
+                                 "--async-scheduling, or drop speculative_config.adaptive")
+            self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics)
         logger.info("vllm_dflash: our DFlash drafter is active (draft %s; block size %d, %d draft tokens/step, "
                     "diffusion steps %d, confidence threshold %.2f, target layers %s, mask id %d)",
                     spec.draft_model_config.model, self.dflash.block_size, self.num_speculative_tokens,
                     self.diffusion_steps, self.confidence_threshold, list(self.dflash.target_layer_ids),
                     self.dflash.mask_token_id)
+        if self.controller is not None:
+            logger.info("vllm_dflash: adaptive drafting ON (sources: %s; per-request length 0..%d from acceptance and "
+                        "an online step-cost model)", self.adaptive, self.num_speculative_tokens)
 
     def _inner(self):
         m = self.model
@@ -119,6 +139,10 @@ class DFlashDrafter(DFlashProposer):
         self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
         if K == 0:
             return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
+        if self.controller is not None and not self.controller.want_dflash():
+            self.metrics.inc("draft_steps")
+            return self._adaptive(None, K, target_positions, next_token_ids, common_attn_metadata,
+                                  num_rejected_tokens_gpu)
 
         t_fwd = self.timer.start()
         steps = self.diffusion_steps
@@ -154,8 +178,62 @@ class DFlashDrafter(DFlashProposer):
         self.timer.stop("draft_forward_seconds", t_fwd, self.metrics)
         self.metrics.set("block_size", K + 1)
         self.metrics.inc("draft_steps")
+        if self.controller is not None:
+            self._last_draft_probs = None  # adaptive drafts are one-hot (lossless under rejection sampling)
+            return self._adaptive(drafts, K, target_positions, next_token_ids, common_attn_metadata,
+                                  num_rejected_tokens_gpu)
         self.metrics.flush()
         return drafts
+
+    def _adaptive(self, drafts, K, target_positions, next_token_ids, cad, num_rejected) -> list[list[int]]:
+        """Per-request proposals of the adaptive controller (host side; synchronous scheduling).
+
+        History of request i = token_ids_cpu[i, :p + 1] + [bonus], p the position of its last accepted query token:
+        token_ids_cpu holds the prompt, the committed output and this step's scheduled drafts (the accepted ones are
+        exactly those up to p); the bonus is the token the target just sampled."""
+        batch = self._runner.input_batch
+        B = cad.num_reqs
+        qsl = cad.query_start_loc_cpu[: B + 1].tolist()
+        rej = num_rejected.tolist() if num_rejected is not None else [0] * B
+        pos = target_positions.tolist() if target_positions.dim() == 1 else target_positions[0].tolist()
+        bonus = next_token_ids.tolist()
+        req_ids, hists, rows, decode_only = [], [], [], True
+        for i in range(B):
+            qlen = qsl[i + 1] - qsl[i]
+            end = qsl[i + 1] - int(rej[i])
+            if qlen <= 0 or end <= qsl[i]:
+                continue
+            p = int(pos[end - 1])
+            if p + 1 < int(batch.num_prompt_tokens[i]):
+                decode_only = False  # partial prefill: no draft (the scheduler ignores it anyway)
+                continue
+            decode_only &= qlen <= K + 1
+            hist = np.empty(p + 2, dtype=np.int64)
+            hist[: p + 1] = batch.token_ids_cpu[i, : p + 1]
+            hist[p + 1] = bonus[i]
+            req_ids.append(batch.req_ids[i])
+            hists.append(hist)
+            rows.append(i)
+        block = drafts.cpu().numpy()[rows] if drafts is not None else None
+        planned = self.controller.step(req_ids, hists, block, query_tokens=qsl[B], decode_only=decode_only)
+        out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
+        for i, toks in zip(rows, planned):
+            out[i] = toks
+        self.metrics.flush()
+        return out
+
+
+def adaptive_mode() -> str | None:
+    """VLLM_DFLASH_ADAPTIVE (set from speculative_config.adaptive): unset/0/false -> None (fixed block);
+    1/true/both -> 'both' sources; 'dflash' or 'ngram' -> that source only (still adaptive lengths)."""
+    v = os.environ.get("VLLM_DFLASH_ADAPTIVE", "").strip().lower()
+    if v in ("", "0", "false", "off", "none"):
+        return None
+    if v in ("1", "true", "on", "both"):
+        return "both"
+    if v in ("dflash", "ngram"):
+        return v
+    raise ValueError(f"VLLM_DFLASH_ADAPTIVE={v!r}: expected true/false, 'both', 'dflash' or 'ngram'")
 
 
 _UPSTREAM = DFlashProposer

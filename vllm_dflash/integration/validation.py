@@ -15,7 +15,9 @@ from vllm_dflash.config import SUPPORTED_BLOCK_SIZES, WEIGHTS_NAME, DFlashConfig
 # Our extra speculative-config keys: stripped before vLLM's (strict) SpeculativeConfig sees them and
 # passed to the drafter through the environment (inherited by the engine and worker processes).
 PLUGIN_KEYS = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS",
-               "confidence_threshold": "VLLM_DFLASH_CONFIDENCE_THRESHOLD"}
+               "confidence_threshold": "VLLM_DFLASH_CONFIDENCE_THRESHOLD",
+               "adaptive": "VLLM_DFLASH_ADAPTIVE"}
+ADAPTIVE_VALUES = (True, False, "both", "dflash", "ngram")
 
 
 # The user's own environment before any speculative config touched it: a config without our key must not
@@ -35,9 +37,12 @@ def pop_plugin_keys(spec: dict[str, Any]) -> dict[str, Any]:
         v = ours["confidence_threshold"]
         if not isinstance(v, (int, float)) or not 0.0 < float(v) <= 1.0:
             raise DFlashConfigError("speculative_config.confidence_threshold", f"got {v!r}", "use a number in (0, 1]")
+    if "adaptive" in ours and ours["adaptive"] not in ADAPTIVE_VALUES:
+        raise DFlashConfigError("speculative_config.adaptive", f"got {ours['adaptive']!r}",
+                                "use true (DFlash + prompt lookup), false, 'dflash' or 'ngram'")
     for key, env in PLUGIN_KEYS.items():
         if key in ours:
-            os.environ[env] = str(ours[key])
+            os.environ[env] = str(ours[key]).lower()
         elif _USER_ENV[env] is None:
             os.environ.pop(env, None)
         else:

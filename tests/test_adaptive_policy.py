@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adaptive drafting policy without vLLM: prompt lookup, acceptance model, online cost model, planner, controller."""
+import itertools
+
+import numpy as np
+import pytest
+
+from vllm_dflash.adaptive.controller import AdaptiveController
+from vllm_dflash.adaptive.ngram import prompt_lookup
+from vllm_dflash.adaptive.policy import AcceptanceModel, StepCostModel, cumulative_acceptance, plan_lengths
+
+
+def _lookup_loop(h, k, lo, hi):
+    h = list(h)
+    for n in range(min(hi, len(h) - 1), lo - 1, -1):
+        suf = h[-n:]
+        for j in range(len(h) - 1 - n, -1, -1):  # latest occurrence ending before the last token
+            if h[j:j + n] == suf:
+                return h[j + n:j + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prompt_lookup_matches_a_loop(seed):
+    rng = np.random.default_rng(seed)
+    h = rng.integers(0, 4, size=int(rng.integers(1, 40)))
+    assert prompt_lookup(h, 5, 2, 4).tolist() == _lookup_loop(h, 5, 2, 4)
+
+
+def test_prompt_lookup_copies_the_prompt():
+    prompt = np.array([5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 6, 7])
+    assert prompt_lookup(prompt, 4).tolist() == [8, 9, 10, 11]
+    assert prompt_lookup(np.array([1, 2, 3]), 4).tolist() == []
+
+
+def test_cost_model_recovers_a_line():
+    m = StepCostModel(alpha=0.1, beta=0.0)  # a wrong prior
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 64))
+        m.observe(n, 0.027 + 0.00185 * n + rng.normal(0, 0.0005))
+    assert m.alpha == pytest.approx(0.027, abs=0.002) and m.beta == pytest.approx(0.00185, rel=0.1)
+
+
+def test_cost_model_without_spread_keeps_the_slope():
+    m = StepCostModel(alpha=0.03, beta=0.002)
+    for _ in range(50):
+        m.observe(8, 0.05)
+    assert m(8) == pytest.approx(0.05, rel=0.05)
+
+
+def _brute(gains, cost, extra=0):
+    best, arg = -1.0, None
+    for ks in itertools.product(*[range(len(g) + 1) for g in gains]):
+        tok = len(gains) + sum(float(np.sum(g[:k])) for g, k in zip(gains, ks))
+        v = tok / cost(len(gains) + extra + sum(ks))
+        if v > best + 1e-12:
+            best, arg = v, ks
+    return best, arg
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_planner_is_optimal(seed):
+    rng = np.random.default_rng(seed)
+    B = int(rng.integers(1, 4))
+    gains = [cumulative_acceptance(rng.uniform(0, 1, 4), int(rng.integers(0, 5))) for _ in range(B)]
+    cost = StepCostModel(alpha=float(rng.uniform(0.01, 0.05)), beta=float(rng.uniform(0, 0.01)))
+    ks = plan_lengths(gains, cost)
+    tok = B + sum(float(np.sum(g[:k])) for g, k in zip(gains, ks))
+    best, _ = _brute(gains, cost)
+    assert tok / cost(B + sum(ks)) == pytest.approx(best, rel=1e-9)
+
+
+def test_planner_turns_speculation_off_when_verification_is_dear():
+    gains = [cumulative_acceptance(np.full(7, 0.2), 7)] * 8
+    assert plan_lengths(gains, StepCostModel(alpha=0.027, beta=0.0019)) == [0] * 8  # 2-core CPU, batch 8
+    assert all(k >= 1 for k in plan_lengths(gains, StepCostModel(alpha=0.03, beta=0.0)))  # flat cost: draft
+
+
+def test_acceptance_model_tracks_a_request():
+    a = AcceptanceModel(4, prior={"dflash": 0.5, "ngram": 0.5})
+    for _ in range(20):
+        a.observe("r", "ngram", 4, 4)
+        a.observe("s", "ngram", 4, 0)
+    assert a.rates("r", "ngram")[0] > 0.8 > 0.2 > a.rates("s", "ngram")[0]
+    assert a.rates("new", "ngram")[0] == pytest.approx(a.global_rates("ngram")[0])
+    assert a.rates("new", "dflash")[0] == pytest.approx(0.5)  # untouched source keeps its prior
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.04
+        return self.t
+
+
+def test_controller_prefers_the_source_that_gets_accepted():
+    """A request whose text repeats: prompt lookup is right, the DFlash block is wrong -> n-gram wins, and the
+    acceptance counters say so."""
+    counts = {}
+
+    class M:
+        def inc(self, k, n=1.0):
+            counts[k] = counts.get(k, 0) + n
+
+        def observe(self, *a):
+            pass
+
+        def set(self, *a):
+            pass
+
+    c = AdaptiveController(4, metrics=M(), clock=_Clock())
+    text = [3, 4, 5, 6, 7, 8, 9, 10] * 60
+    hist = np.array(text[:17])
+    for _ in range(30):
+        out = c.step(["r"], [hist], np.full((1, 4), 99), query_tokens=5, decode_only=True)
+        k = len(out[0])
+        assert out[0] == text[len(hist): len(hist) + k] or counts.get("proposals_dflash", 0) > 0
+        # the target accepts what matches `text`, then emits its own bonus token
+        acc = 0
+        while acc < k and out[0][acc] == text[len(hist) + acc]:
+            acc += 1
+        hist = np.array(text[: len(hist) + acc + 1])
+    assert counts["accepted_tokens_ngram"] > 20 and counts.get("accepted_tokens_dflash", 0) == 0
+    assert counts["proposals_ngram"] > 25
+
+
+def test_controller_modes_and_errors():
+    with pytest.raises(ValueError, match="adaptive mode"):
+        AdaptiveController(4, mode="medusa")
+    c = AdaptiveController(4, mode="ngram")
+    assert not c.want_dflash()
+    assert AdaptiveController(4, mode="dflash").want_dflash()

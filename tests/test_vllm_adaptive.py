@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adaptive drafting inside real vLLM (CPU, V1 runner): lossless greedy output with both sources, per source and
+with max_model_len mid-block; drafts really verified and accepted; synchronous scheduling enforced."""
+import pytest
+import torch
+
+from vllm_helpers import counter, run_vllm
+
+pytestmark = pytest.mark.vllm
+
+g = torch.Generator().manual_seed(77)
+# half random prompts, half that repeat a phrase (prompt lookup has something to copy)
+PROMPTS = [torch.randint(4, 384, (12,), generator=g).tolist() for _ in range(4)] + \
+          [(torch.randint(4, 384, (5,), generator=g).tolist() * 4)[:18] for _ in range(4)]
+
+
+def _spec(pair, adaptive, b=8):
+    return {"method": "dflash", "model": str(pair / f"draft-b{b}"), "num_speculative_tokens": b - 1,
+            "adaptive": adaptive}
+
+
+@pytest.fixture(scope="module")
+def results(pair):
+    t = str(pair / "target")
+    runs = {
+        "base": {"model": t, "prompts": PROMPTS, "max_tokens": 48},
+        "both": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, True)},
+        "ngram": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, "ngram")},
+        "dflash16": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, "dflash", 16)},
+        "base_short": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50},
+        "both_short": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50,
+                       "speculative_config": _spec(pair, True)},
+        "overlap_forced": {"model": t, "prompts": PROMPTS, "speculative_config": _spec(pair, True),
+                           "env": {"VLLM_DFLASH_OVERLAP": "1"}, "expect_error": "needs synchronous scheduling"},
+        "bad_value": {"model": t, "prompts": PROMPTS, "speculative_config": _spec(pair, "medusa"),
+                      "expect_error": "speculative_config.adaptive"},
+    }
+    names = list(runs)
+    return dict(zip(names, run_vllm([runs[n] for n in names])))
+
+
+@pytest.mark.parametrize("name", ["both", "ngram", "dflash16"])
+def test_greedy_lossless(results, name):
+    assert results[name]["tokens"] == results["base"]["tokens"]
+    assert not results[name]["async_scheduling"]
+
+
+def test_drafts_are_verified_and_accepted(results):
+    for name in ("both", "ngram", "dflash16"):
+        r = results[name]
+        assert counter(r, "vllm:spec_decode_num_draft_tokens") > 0, name
+        assert counter(r, "vllm:spec_decode_num_accepted_tokens") > 0, name
+
+
+def test_adaptive_is_logged(results):
+    assert "adaptive drafting ON (sources: both" in results["both"]["log"]
+
+
+def test_max_model_len_mid_block(results):
+    assert results["both_short"]["tokens"] == results["base_short"]["tokens"]
+
+
+def test_bad_settings_fail_before_serving(results):
+    assert "needs synchronous scheduling" in results["overlap_forced"]["error"]
+    assert "speculative_config.adaptive" in results["bad_value"]["error"]

@@ -1,0 +1,140 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`AdaptiveController`: per step, per request, which proposal (DFlash block or prompt lookup) and how many of its
+tokens the target verifies (0 = no speculation for that request).
+
+Inputs per step: every request's committed token history (prompt + output, newest last) and the DFlash block
+drafted for it (or None when the step skipped the draft forward). The controller
+  1. scores the previous proposal of each request against its history (accepted = common prefix), updating the
+     acceptance model of the source that proposed it;
+  2. times the step (wall clock between calls) and feeds the step-cost model with the number of query tokens the
+     target was fed (decode-only steps);
+  3. builds the prompt-lookup proposal, picks per request the source with the larger expected accepted length,
+     and plans the lengths with `plan_lengths`.
+Every decision is counted in the metrics (sources, lengths, accepted tokens per source, cost-model fit).
+Host-side by design (numpy on token lists): used with synchronous scheduling, where the history is committed
+when the drafter runs."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_dflash.adaptive.ngram import prompt_lookup
+from vllm_dflash.adaptive.policy import AcceptanceModel, StepCostModel, cumulative_acceptance, plan_lengths
+
+MODES = ("both", "dflash", "ngram")
+
+
+@dataclass
+class _Pending:
+    start: int  # len(history) when proposed: the drafts predict history[start:start + len(tokens)]
+    tokens: np.ndarray
+    source: str
+
+
+class AdaptiveController:
+    def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4,
+                 probe_every: int = 8, metrics=None, clock=time.perf_counter):
+        if mode not in MODES:
+            raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
+        self.k_max, self.mode = k_max, mode
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.probe_every = probe_every
+        self.acceptance = AcceptanceModel(k_max)
+        self.cost = StepCostModel()
+        self.metrics = metrics
+        self.clock = clock
+        self._pending: dict[str, _Pending] = {}
+        self._last_t: float | None = None
+        self._steps = 0
+        self._since_dflash_chosen = 0
+
+    # ------------------------------------------------------------------ per step
+    def want_dflash(self) -> bool:
+        """Run the DFlash draft forward this step? Yes while some request picks it, and every `probe_every`
+        steps otherwise (its acceptance estimate must stay fresh). Always for mode 'dflash', never for 'ngram'."""
+        if self.mode != "both":
+            return self.mode == "dflash"
+        return self._since_dflash_chosen == 0 or self._steps % self.probe_every == 0
+
+    def step(self, req_ids: list[str], histories: list[np.ndarray], dflash: np.ndarray | None,
+             query_tokens: int, decode_only: bool, extra_tokens: int = 0) -> list[list[int]]:
+        """-> draft token ids per request (variable length, possibly empty).
+
+        dflash: [B, k_max] DFlash drafts (None: not run this step). query_tokens: tokens the target was fed in the
+        step just verified; decode_only: that step had no prefill chunk (its time is a clean cost sample)."""
+        now = self.clock()
+        if self._last_t is not None and decode_only and query_tokens > 0:
+            dt = now - self._last_t
+            if dt < 10 * self.cost(query_tokens) + 0.05:  # an idle gap between requests is not a step cost
+                self.cost.observe(query_tokens, dt)
+        self._last_t = now
+        self._steps += 1
+        self._score_previous(req_ids, histories)
+        if self._steps % 64 == 0:  # requests that left the batch (finished, aborted, preempted): drop their state
+            live = set(req_ids)
+            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
+
+        proposals, gains, sources = [], [], []
+        for i, (rid, hist) in enumerate(zip(req_ids, histories)):
+            best = (np.zeros(0, dtype=np.int64), np.zeros(0), "none")
+            cands = []
+            if dflash is not None and self.mode in ("both", "dflash"):
+                cands.append(("dflash", dflash[i]))
+            if self.mode in ("both", "ngram"):
+                cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
+            for src, toks in cands:
+                if len(toks) == 0:
+                    continue
+                p = cumulative_acceptance(self.acceptance.rates(rid, src), len(toks))
+                if p.sum() > best[1].sum():
+                    best = (np.asarray(toks), p, src)
+            proposals.append(best[0])
+            gains.append(best[1])
+            sources.append(best[2])
+        ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+
+        out: list[list[int]] = []
+        chose_dflash = False
+        for rid, hist, toks, src, k in zip(req_ids, histories, proposals, sources, ks):
+            if k == 0:
+                self._pending.pop(rid, None)
+                out.append([])
+                self._count("proposals_none")
+                continue
+            self._pending[rid] = _Pending(len(hist), toks[:k].copy(), src)
+            out.append([int(t) for t in toks[:k]])
+            chose_dflash |= src == "dflash"
+            self._count(f"proposals_{src}")
+            self._count(f"drafted_tokens_{src}", k)
+        self._since_dflash_chosen = 0 if chose_dflash else self._since_dflash_chosen + 1
+        if self.metrics is not None:
+            for k in ks:
+                self.metrics.observe("draft_tokens_per_request", float(k))
+            self.metrics.set("cost_fixed_ms", self.cost.alpha * 1e3)
+            self.metrics.set("cost_per_token_ms", self.cost.beta * 1e3)
+        return out
+
+    def finished(self, req_ids) -> None:
+        for rid in req_ids:
+            self._pending.pop(rid, None)
+            self.acceptance.forget(rid)
+
+    # ------------------------------------------------------------------ internals
+    def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> None:
+        for rid, hist in zip(req_ids, histories):
+            p = self._pending.pop(rid, None)
+            if p is None or len(hist) <= p.start:
+                continue  # not verified since (e.g. preempted): no outcome
+            seen = hist[p.start: p.start + len(p.tokens)]
+            m = min(len(seen), len(p.tokens))
+            eq = seen[:m] == p.tokens[:m]
+            accepted = int(m if eq.all() else np.argmin(eq))
+            accepted = min(accepted, len(hist) - p.start - 1)  # the last history token is the bonus, not a draft
+            self.acceptance.observe(rid, p.source, len(p.tokens), accepted)
+            self._count(f"accepted_tokens_{p.source}", accepted)
+
+    def _count(self, name: str, n: float = 1.0) -> None:
+        if self.metrics is not None:
+            self.metrics.inc(name, n)

@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The adaptive-drafting policy, free of vLLM: acceptance estimates, an online step-cost model, and the planner
+that turns both into per-request draft lengths.
+
+Model. Verifying a step that feeds the target n query tokens costs T(n) = alpha + beta * n seconds (fitted online
+from measured step times; on CPU the verify cost grows with the tokens fed, on GPU it is flat until compute-bound,
+which the fit also captures as beta ~ 0). A request drafting k tokens yields 1 + sum_{i<=k} P(i) tokens, P(i) the
+probability that the first i drafts are all accepted. The planner picks the k of every request that maximises
+tokens per second of the whole step: sum_r (1 + sum_{i<=k_r} P_r(i)) / T(sum_r (1 + k_r)).
+
+Because P_r(i) falls with i, the best plan takes the globally largest marginal gains first: sort every
+(request, position) gain, evaluate every prefix, keep the best (O(N log N) for N = batch * k_max).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SOURCES = ("dflash", "ngram")
+
+
+class AcceptanceModel:
+    """Conditional acceptance per source and draft position, global and per request (shrunk to the global).
+
+    c[s][j] = P(draft j+1 accepted | drafts 1..j accepted). Global rates are exponential moving counts
+    (`decay` per observation); a request's own counts decay faster and are blended with `prior_weight` pseudo
+    counts of the global rate, so a new request starts at the global estimate and drifts to its own."""
+
+    def __init__(self, k_max: int, prior: dict[str, float] | None = None, decay: float = 0.995,
+                 request_decay: float = 0.8, prior_weight: float = 2.0):
+        self.k_max = k_max
+        self.decay, self.request_decay, self.prior_weight = decay, request_decay, prior_weight
+        prior = prior or {"dflash": 0.5, "ngram": 0.7}  # optimistic start: every source gets tried
+        self.acc = {s: np.full(k_max, prior[s] * 8.0) for s in SOURCES}  # 8 pseudo observations each
+        self.att = {s: np.full(k_max, 8.0) for s in SOURCES}
+        self.req: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+
+    def global_rates(self, source: str) -> np.ndarray:  # [k_max]
+        return self.acc[source] / np.maximum(self.att[source], 1e-9)
+
+    def rates(self, req_id: str, source: str) -> np.ndarray:  # [k_max]
+        g = self.global_rates(source)
+        mine = self.req.get(req_id, {}).get(source)
+        if mine is None:
+            return g
+        a, n = mine
+        return (a + self.prior_weight * g) / (n + self.prior_weight)
+
+    def observe(self, req_id: str, source: str, num_drafted: int, num_accepted: int) -> None:
+        """One verified proposal: positions 1..accepted were accepted; position accepted+1 (if drafted) rejected."""
+        if num_drafted <= 0:
+            return
+        tried = min(num_accepted + 1, num_drafted)  # positions whose conditional outcome we saw
+        hit = np.zeros(self.k_max)
+        hit[:num_accepted] = 1.0
+        seen = np.zeros(self.k_max)
+        seen[:tried] = 1.0
+        self.acc[source] = self.acc[source] * self.decay + hit
+        self.att[source] = self.att[source] * self.decay + seen
+        per = self.req.setdefault(req_id, {})
+        a, n = per.get(source, (np.zeros(self.k_max), np.zeros(self.k_max)))
+        per[source] = (a * self.request_decay + hit, n * self.request_decay + seen)
+
+    def forget(self, req_id: str) -> None:
+        self.req.pop(req_id, None)
+
+
+@dataclass
+class StepCostModel:
+    """Online least squares fit of step time T(n) = alpha + beta * n (n = query tokens fed to the target).
+
+    Exponentially weighted normal equations (forgetting factor `forget` per observation); a weak prior keeps the
+    fit defined before the batch has shown any spread in n. Units: seconds."""
+
+    alpha: float = 0.03
+    beta: float = 0.002
+    forget: float = 0.98
+    prior_weight: float = 2.0
+    _s: np.ndarray = field(default=None)  # type: ignore[assignment]  # sums of [1, n, n^2, t, n*t]
+    num_obs: int = 0
+
+    def __post_init__(self):
+        w, a, b = self.prior_weight, self.alpha, self.beta
+        # prior: w observations at n = 1 and w at n = 16 lying on the prior line
+        ns = np.array([1.0, 16.0])
+        ts = a + b * ns
+        self._s = np.array([2 * w, w * ns.sum(), w * (ns ** 2).sum(), w * ts.sum(), w * (ns * ts).sum()])
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        if seconds <= 0 or n_tokens <= 0:
+            return
+        n = float(n_tokens)
+        self._s = self._s * self.forget + np.array([1.0, n, n * n, seconds, n * seconds])
+        self.num_obs += 1
+        s0, s1, s2, st, snt = self._s
+        det = s0 * s2 - s1 * s1
+        if det <= 1e-9 * max(s0 * s2, 1e-12):
+            self.alpha = st / s0 - self.beta * s1 / s0  # no spread in n yet: keep the slope, refit the level
+        else:
+            beta = (s0 * snt - s1 * st) / det
+            self.beta = max(beta, 0.0)  # a step never gets cheaper with more tokens
+            self.alpha = max((st - self.beta * s1) / s0, 1e-6)
+
+    def __call__(self, n_tokens: float) -> float:
+        return self.alpha + self.beta * n_tokens
+
+
+def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int = 0) -> list[int]:
+    """Draft length per request maximising expected tokens per second of the step.
+
+    gains[r][i] = P_r(i+1): probability that drafts 1..i+1 of request r are all accepted (non-increasing in i).
+    extra_tokens: query tokens of the step that are not decodes (e.g. prefill chunks). Returns k_r per request
+    (0 = no speculation for that request)."""
+    B = len(gains)
+    if B == 0:
+        return []
+    items = [(float(g), r) for r, gr in enumerate(gains) for g in gr]  # per request already decreasing
+    items.sort(key=lambda x: -x[0])
+    base_tokens = float(B)  # every request yields its bonus token
+    n0 = float(B + extra_tokens)
+    best_val, best_m = base_tokens / cost(n0), 0
+    total = base_tokens
+    for m, (g, _) in enumerate(items, start=1):
+        total += g
+        val = total / cost(n0 + m)
+        if val > best_val:
+            best_val, best_m = val, m
+    k = [0] * B
+    for g, r in items[:best_m]:
+        k[r] += 1
+    return k
+
+
+def cumulative_acceptance(cond: np.ndarray, length: int) -> np.ndarray:
+    """P(i) = prod_{j<=i} cond[j] for i = 1..length -> [length]."""
+    return np.cumprod(np.clip(cond[:length], 0.0, 1.0))
