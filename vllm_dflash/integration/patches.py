@@ -239,8 +239,9 @@ PATCHES: list[Patch] = [
         symbol="vllm.platforms.cpu.CpuPlatform.check_and_update_config",
         why="vLLM 0.32 forces async scheduling off on CPU ('not required'). With speculation, the engine process "
             "(its own core in vLLM's CPU layout) can schedule step N+1 and process step N-1's output while the "
-            "worker runs step N. We keep vLLM's own async decision for our DFlash drafter (VLLM_DFLASH_OVERLAP: "
-            "auto|1|0); vLLM's V1 async path (batch queue, draft-token placeholders) is used unchanged.",
+            "worker runs step N. We keep vLLM's own async decision for our fixed-block DFlash drafter "
+            "(VLLM_DFLASH_OVERLAP: auto|1|0; adaptive drafting stays synchronous); vLLM's V1 async path (batch "
+            "queue, draft-token placeholders) is used unchanged.",
         removal="when vLLM enables async scheduling on CPU itself (or exposes a platform opt-in)",
         apply=_patch_cpu_async_scheduling,
     ),
