@@ -93,3 +93,13 @@ def test_published_format_parses():
     cfg = DFlashConfig.from_hf_config(published)
     assert cfg.num_speculative_tokens == 15 and cfg.feature_size == 5 * 4096
     assert cfg.to_hf_config()["layer_types"] == ["full_attention"] * 5  # unknown keys survive a round trip
+
+
+def test_for_target_reads_nested_rope_theta():
+    """transformers >= 5 keeps rope_theta under rope_parameters (SmolLM2: 1e5); the draft must use the target's."""
+    from vllm_dflash.config import DFlashConfig
+
+    t = {"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 128, "vocab_size": 100, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
+    assert DFlashConfig.for_target(t, mask_token_id=1).rope_theta == 100000.0
+    assert DFlashConfig.for_target({**t, "rope_theta": 5e5}, mask_token_id=1).rope_theta == 5e5

@@ -90,3 +90,28 @@ def test_evaluate_api(pair, data):
     r = t.evaluate(held)
     assert {"acceptance_length", "per_position_acceptance", "speedup"} <= set(r)
     assert 1.0 <= r["acceptance_length"] <= 8 and math.isfinite(r["speedup"])
+
+
+def test_init_from_target_and_no_feature_baseline(pair, data, tmp_path):
+    """--init-from-target copies the target's last layer; the no-target-features baseline ignores the features,
+    round-trips its flag, and is refused for serving."""
+    from vllm_dflash.config import DFlashConfig, DFlashConfigError
+    from vllm_dflash.integration.validation import validate_dflash_spec
+    from vllm_dflash.training.run import init_layers_from_target
+
+    tgt, _, _ = data
+    d = DFlashDraftModel.from_pretrained(pair / "draft-b8", target=tgt)
+    assert init_layers_from_target(d, tgt) >= 9  # q/k/v/o, gate/up/down, two norms
+    last = tgt.model.layers[-1]
+    assert torch.equal(d.layers[0].self_attn.q_proj.weight, last.self_attn.q_proj.weight.to(d.layers[0].self_attn.q_proj.weight.dtype))
+    assert torch.equal(d.layers[0].mlp.down_proj.weight, last.mlp.down_proj.weight.to(d.layers[0].mlp.down_proj.weight.dtype))
+
+    base = DFlashDraftModel(d.config.with_(use_target_features=False))
+    feats = torch.randn(2, 5, d.fc.in_features)
+    assert torch.count_nonzero(base.fuse(feats)) == 0 and torch.count_nonzero(d.fuse(feats)) > 0
+    cfg = DFlashConfig.from_hf_config(base.config.to_hf_config())
+    assert cfg.use_target_features is False and "use_target_features" not in d.config.to_hf_config()["dflash_config"]
+    base.bind_target(tgt.get_input_embeddings().weight.detach(), tgt.get_output_embeddings().weight.detach())
+    out = base.save_pretrained(tmp_path / "nofeat")
+    with pytest.raises(DFlashConfigError, match="use_target_features"):
+        validate_dflash_spec({"model": str(out)}, tgt.config)

@@ -62,7 +62,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                     draft_vocab_size=a.draft_vocab or None, batch_size=a.batch_size, num_epochs=a.epochs,
                     max_steps=a.max_steps, lr=a.lr, anchors_per_seq=a.anchors, max_len=a.max_len,
                     eval_every=a.eval_every, ckpt_every=a.ckpt_every, diffusion_steps=a.diffusion_steps,
-                    feature_cache=a.feature_cache, threads=a.threads)
+                    feature_cache=a.feature_cache, threads=a.threads, init_from_target=a.init_from_target,
+                    use_target_features=not a.no_target_features)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--diffusion-steps", type=int, default=1)
     s.add_argument("--feature-cache", default=None, help="cache target features on disk here")
     s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--init-from-target", action="store_true",
+                   help="start the draft layers from the target's last layers (new runs only)")
+    s.add_argument("--no-target-features", action="store_true",
+                   help="ablation baseline: train without target features (context K/V from zeros; not servable)")
     s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("export", help="a training run's latest checkpoint -> a serving draft folder (bf16)")

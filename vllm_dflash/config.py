@@ -48,7 +48,11 @@ def build_target_layer_ids(num_target_layers: int, num_features: int) -> tuple[i
         step = (num_target_layers - 1) / (num_features - 1)
         return tuple(sorted({int(math.floor(i * step + 0.5)) for i in range(num_features)}))
     step = (num_target_layers - 4) / (num_features - 1)
-    return tuple(int(math.floor(1 + i * step + 0.5)) for i in range(num_features))
+    ids = tuple(int(math.floor(1 + i * step + 0.5)) for i in range(num_features))
+    if len(set(ids)) < len(ids):  # too shallow for n distinct layers in [1, L-3]: spread over all layers
+        step = (num_target_layers - 1) / (num_features - 1)
+        ids = tuple(sorted({int(math.floor(i * step + 0.5)) for i in range(num_features)}))
+    return ids
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class DFlashConfig:
     draft_vocab_size: int | None = None
     # Runtime default for multi-step denoising (1 = the paper's single pass).
     diffusion_steps: int = 1
+    # False: an ablation baseline trained WITHOUT target features (context K/V from zeros); not servable.
+    use_target_features: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -230,6 +236,7 @@ class DFlashConfig:
             hidden_act=cfg.get("hidden_act", "silu"),
             draft_vocab_size=cfg.get("draft_vocab_size"),
             diffusion_steps=int(dcfg.get("diffusion_steps", cfg.get("diffusion_steps", 1))),
+            use_target_features=bool(dcfg.get("use_target_features", True)),
             extra={k: v for k, v in cfg.items() if k not in known},
         )
 
@@ -264,6 +271,8 @@ class DFlashConfig:
             out["target_hidden_size"] = self.target_hidden_size
         if self.draft_vocab_size is not None:
             out["draft_vocab_size"] = self.draft_vocab_size
+        if not self.use_target_features:
+            out["dflash_config"]["use_target_features"] = False
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 
@@ -310,6 +319,7 @@ class DFlashConfig:
             vocab_size=int(get("vocab_size")), num_target_layers=layers,
             target_layer_ids=build_target_layer_ids(layers, min(num_features, layers)),
             mask_token_id=mask_token_id, block_size=block_size, rms_norm_eps=float(get("rms_norm_eps") or 1e-6),
-            rope_theta=float(rope_theta or get("rope_theta") or 1_000_000.0),
+            rope_theta=float(rope_theta or get("rope_theta") or (get("rope_parameters") or {}).get("rope_theta")
+                             or 1_000_000.0),  # transformers >= 5 nests it in rope_parameters
             max_position_embeddings=int(get("max_position_embeddings") or 8192), draft_vocab_size=draft_vocab_size,
         )

@@ -213,6 +213,8 @@ class DFlashDraftModel(nn.Module):
     # --------------------------------------------------------------- compute
     def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """target_hidden [..., n_feat * H_t] (layer outputs concatenated) -> ctx [..., H]."""
+        if not self.config.use_target_features:  # ablation baseline: the context carries no target information
+            return target_hidden.new_zeros(*target_hidden.shape[:-1], self.config.hidden_size)
         return self.hidden_norm(self.fc(target_hidden))
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[KV]:

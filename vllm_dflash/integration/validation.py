@@ -78,6 +78,9 @@ def validate_dflash_spec(spec: dict[str, Any], target_hf_config: Any) -> DFlashC
         raise DFlashConfigError("speculative_config.model", f"no {WEIGHTS_NAME} in {model!r}",
                                 "save the draft with DFlashDraftModel.save_pretrained (or copy its weights there)")
     cfg.check_target(target_hf_config)
+    if not cfg.use_target_features:
+        raise DFlashConfigError("dflash_config.use_target_features", "is false: this draft is the no-target-features "
+                                "training baseline, not a serving draft", "serve a draft trained with target features")
     if cfg.block_size not in SUPPORTED_BLOCK_SIZES:
         raise DFlashConfigError("block_size", f"{cfg.block_size} is not supported for serving",
                                 f"use a draft with block_size in {SUPPORTED_BLOCK_SIZES}")

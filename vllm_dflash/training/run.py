@@ -24,11 +24,29 @@ def frequent_vocab(dataset, size: int, always: tuple[int, ...] = ()) -> torch.Te
     return torch.tensor(ids, dtype=torch.long)
 
 
+def init_layers_from_target(draft, target) -> int:
+    """Copy the target's LAST decoder layers into the draft's layers (same-named, same-shaped tensors: attention
+    and MLP projections, both layer norms; the draft's q/k norms stay at 1). Returns the number of tensors copied."""
+    t_layers = getattr(getattr(target, "model", target), "layers")
+    n = len(draft.layers)
+    copied = 0
+    with torch.no_grad():
+        for d_layer, t_layer in zip(draft.layers, list(t_layers)[-n:]):
+            t_params = dict(t_layer.named_parameters())
+            for name, p in d_layer.named_parameters():
+                src = t_params.get(name)
+                if src is not None and src.shape == p.shape:
+                    p.copy_(src.to(p.dtype))
+                    copied += 1
+    return copied
+
+
 def run_train(*, data: str, out: str, target: str | None = None, num_layers: int = 1, block_size: int = 8,
               draft_vocab_size: int | None = 8192, mask_token_id: int = 16, batch_size: int = 4, num_epochs: int = 1,
               max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32, max_len: int = 640,
               eval_every: int = 200, ckpt_every: int = 50, diffusion_steps: int = 1, feature_cache: str | None = None,
-              threads: int | None = None) -> dict[str, Any]:
+              threads: int | None = None, init_from_target: bool = False,
+              use_target_features: bool = True) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -51,7 +69,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
         draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
     else:
         cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
-                                      mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size)
+                                      mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size
+                                      ).with_(use_target_features=use_target_features)
         draft = DFlashDraftModel(cfg)
         vocab_ids = None
         if draft_vocab_size:
@@ -63,6 +82,9 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
             # start from the target's final-norm scale: the shared lm_head expects it (initial CE ~9, not ~58)
             with torch.no_grad():
                 draft.norm.weight.copy_(tnorm.weight.float())
+        if init_from_target:
+            logger.info("draft layers initialised from the target's last %d layer(s): %d tensors copied",
+                        len(draft.layers), init_layers_from_target(draft, tgt))
     logger.info("draft: %d layers, block %d, %.1fM trainable parameters, draft vocabulary %s",
                 draft.config.num_hidden_layers, draft.config.block_size, draft.num_parameters() / 1e6,
                 draft.config.draft_vocab_size or "full")
