@@ -115,3 +115,13 @@ def test_init_from_target_and_no_feature_baseline(pair, data, tmp_path):
     out = base.save_pretrained(tmp_path / "nofeat")
     with pytest.raises(DFlashConfigError, match="use_target_features"):
         validate_dflash_spec({"model": str(out)}, tgt.config)
+
+
+def test_feature_cache_refuses_other_layers(pair, data, tmp_path):
+    from vllm_dflash.training.trainer import TargetFeatures
+
+    tgt, _, _ = data
+    TargetFeatures(tgt, (0, 1), tmp_path / "f")
+    TargetFeatures(tgt, (0, 1), tmp_path / "f")  # same layers: fine
+    with pytest.raises(ValueError, match="another --feature-cache"):
+        TargetFeatures(tgt, (1,), tmp_path / "f")

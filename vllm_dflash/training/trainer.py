@@ -68,6 +68,11 @@ class TargetFeatures:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         if self.cache_dir:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
+            meta, want = self.cache_dir / "meta.json", {"target_layer_ids": list(layer_ids)}
+            if meta.exists() and json.loads(meta.read_text()) != want:
+                raise ValueError(f"feature cache {self.cache_dir} holds features of {meta.read_text().strip()}, this "
+                                 f"draft needs {want}. Fix: use another --feature-cache folder for this draft")
+            meta.write_text(json.dumps(want))
 
     @torch.no_grad()
     def __call__(self, seqs: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
