@@ -4,7 +4,7 @@
 any failed check.
 
     python benchmarks/soak.py --quick                  # ~5 min (CI: tests/test_soak.py)
-    python benchmarks/soak.py --duration 1200          # the full soak, ~20 min
+    python benchmarks/soak.py                          # the full soak: 64 clients, 3 rounds, 20 min
     python benchmarks/soak.py --render benchmarks/results/soak-full.json benchmarks/results/soak-quick.json \
         --notes benchmarks/soak_notes.md --md docs/RELIABILITY.md   # the report from the JSON results
 
@@ -14,7 +14,7 @@ requests for 60 % of its share of the time left, then cancels what is still in f
 a watchdog stops the server past the bound plus --grace) and by the request counts.
 
 Order: the bad-configuration start-up suite (benchmarks/soak_startup.py) runs while the server starts; the
-greedy cases run alone (one at a time); --rounds (2) identical seeded rounds of the mix (benchmarks/soak_plan.py) with
+greedy cases run alone (one at a time); --rounds (2 quick, 3 full) identical seeded rounds of the mix (benchmarks/soak_plan.py) with
 `--concurrency` clients; after each round the server must be idle (no running / waiting requests, KV cache at
 0 %), and its process-tree RSS is recorded; a final greedy request must equal its alone output; the server log
 (--enable-log-requests) must account for every request the engine received.
@@ -269,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=None, help="time bound in s (default: 300 quick, 1200 full)")
     p.add_argument("--concurrency", type=int, default=None, help="concurrent clients (default: 16 quick, 64 full)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=2,
-                   help="identical rounds (memory growth: the last round vs the one before)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="identical rounds (default 2 quick, 3 full; memory growth: the last round vs the one before)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--request-timeout", type=float, default=None, help="client timeout of a valid request (s)")
     p.add_argument("--grace", type=float, default=120.0,
@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if a.quick else "full"
     a.duration = a.duration or (300.0 if a.quick else 1200.0)
     a.concurrency = a.concurrency or (16 if a.quick else 64)
+    a.rounds = a.rounds or (2 if a.quick else 3)  # full: 3 rounds fill the 20 min and show RSS settling
     a.startup_mode = a.startup_mode or ("fork" if a.quick else "exec")
     a.request_timeout = a.request_timeout or (150.0 if a.quick else 600.0)
     a.out = Path(a.out or REPO / "benchmarks" / "results" / f"soak-{mode}.json")

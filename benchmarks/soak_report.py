@@ -196,7 +196,7 @@ top-p, top-k, seeds), streaming and not, completions and chat, short and long `m
 that disconnect mid-stream; requests abandoned by a client timeout; malformed requests (prompt longer than the
 context, `max_tokens` negative or above the context, negative temperature, top-p above 1, unknown model, broken JSON
 body). The greedy cases (one of them fills the context exactly: prompt + max_tokens = max_model_len) first run
-alone, one at a time; then identical rounds of the mix (2 by default) run with many concurrent clients, and every
+alone, one at a time; then identical rounds of the mix (2 in quick mode, 3 in full mode) run with many concurrent clients, and every
 greedy output under load is compared with its alone output. A round takes new requests for 60 % of its time budget
 and cancels what is still in flight at the end of it ("cut": the client closes the connection, the server must
 abort). After each round a 1-token probe refreshes vLLM's gauges (they only move on engine steps) and the server
