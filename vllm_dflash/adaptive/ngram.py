@@ -12,16 +12,27 @@ def prompt_lookup(history: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -
     """history: [L] int token ids (prompt + output so far, last = the newest token).
 
     For n = max_n .. min_n: find the most recent earlier position where history[-n:] occurred (the occurrence must
-    end before the last token) and return up to k tokens that followed it. Longest n wins. -> [<= k] (may be empty)."""
+    end before the last token) and return up to k tokens that followed it. Longest n wins. -> [<= k] (may be empty).
+
+    One vectorised pass finds the positions c < L-1 holding the newest token; the match is then extended backwards
+    over those candidates only (at most max_n - 1 more comparisons each)."""
     L = int(history.shape[0])
     if k <= 0 or L < min_n + 1:
         return history[:0]
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        suffix = history[L - n:]
-        # windows over history[:-1] so the match is strictly earlier than the suffix itself: [L-n, n]
-        win = np.lib.stride_tricks.sliding_window_view(history[: L - 1], n)
-        hits = np.flatnonzero((win == suffix).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n  # the token after the latest match
-            return history[start: start + k]
-    return history[:0]
+    cand = np.flatnonzero(history[: L - 1] == history[L - 1])  # occurrences ending at c, c <= L-2
+    if cand.size == 0:
+        return history[:0]
+    n_max = min(max_n, L - 1)
+    m = np.ones(cand.size, dtype=np.int64)  # matched length so far (the newest token)
+    alive = np.ones(cand.size, dtype=bool)
+    for j in range(1, n_max):
+        pos = cand - j
+        ok = alive & (pos >= 0)
+        ok[ok] = history[pos[ok]] == history[L - 1 - j]
+        m += ok
+        alive = ok
+    best = int(m.max())
+    if best < min_n:
+        return history[:0]
+    c = int(cand[np.flatnonzero(m >= best)[-1]])  # the latest occurrence of the longest match
+    return history[c + 1: c + 1 + k]
