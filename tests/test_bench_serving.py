@@ -181,3 +181,10 @@ def test_bench_quick_tiny_pair(pair, tmp_path):
     for f in ("tiny.md", "tiny-speedup.png", "tiny-acceptance.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert "| humaneval | 1 | ours |" in (tmp_path / "tiny.md").read_text()
+
+
+def test_time_split_table():
+    row = {"ok": True, "prompt_set": "chat", "concurrency": 1, "config": "ours",
+           "time_split_s": {"draft_forward": 2.0, "kv_injection": 0.5, "wall": 10.0}}
+    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 75% |" in report.render_time_split([row])
+    assert report.render_time_split([{**row, "time_split_s": None}]) is None

@@ -82,6 +82,23 @@ def render_adaptive(runs: list[dict[str, Any]]) -> str | None:
     return "\n".join(lines)
 
 
+def render_time_split(runs: list[dict[str, Any]]) -> str | None:
+    """Where the wall time of our drafter's runs goes: draft forward, KV injection (both measured in the worker),
+    and the rest (target verification, sampling, scheduling and host work)."""
+    rows = [r for r in runs if r.get("ok") and r.get("time_split_s")]
+    if not rows:
+        return None
+    lines = ["| prompts | concurrency | configuration | wall s | draft forward | KV injection | verify + host |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["time_split_s"]
+        w = t["wall"] or 1.0
+        rest = max(w - t["draft_forward"] - t["kv_injection"], 0.0)
+        lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {w:.1f} | {t['draft_forward'] / w:.0%} "
+                     f"| {t['kv_injection'] / w:.1%} | {rest / w:.0%} |")
+    return "\n".join(lines)
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
@@ -119,6 +136,9 @@ def render_markdown(result: dict[str, Any]) -> str:
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run)", "",
             render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
             render_acceptance(result["runs"]), ""]
+    ts = render_time_split(result["runs"])
+    if ts:
+        out += ["## Where our drafter's time goes (share of wall time)", "", ts, ""]
     ad = render_adaptive(result["runs"])
     if ad:
         out += ["## Adaptive drafting choices (share of request-steps by source)", "", ad, ""]

@@ -172,9 +172,11 @@ def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]]
     run["server_generation_tokens"] = after.get(gen, 0.0) - before.get(gen, 0.0)
     run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
     run["adaptive"] = stats.adaptive_delta(before, after) if cfg.method else None
-    draft_s = sum(after.get(k, 0.0) - before.get(k, 0.0)
-                  for k in ("vllm_dflash:draft_forward_seconds_sum", "vllm_dflash:kv_injection_seconds_sum"))
+    split = {k: after.get(f"vllm_dflash:{k}_seconds_sum", 0.0) - before.get(f"vllm_dflash:{k}_seconds_sum", 0.0)
+             for k in ("draft_forward", "kv_injection")}
+    draft_s = sum(split.values())
     run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None
+    run["time_split_s"] = {**split, "wall": run["wall_s"]} if draft_s > 0 else None
     run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
     run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
     run["outputs"] = {r["id"]: r["text"] for r in reqs}
