@@ -238,6 +238,7 @@ class BlockDiffusionTrainer:
             signal.signal(s, self._on_signal)
         bar = tqdm(total=total, initial=self.state["step"], desc="train", unit="step", disable=not progress, dynamic_ncols=True)
         t_last, tok_acc = time.perf_counter(), 0
+        wall0, t_start = float(self.state.get("wall_s", 0.0)), time.perf_counter()  # wall time summed over resumes
         try:
             while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop:
                 e = self.state["epoch"]
@@ -254,6 +255,7 @@ class BlockDiffusionTrainer:
                     self.scheduler.step()
                     self.state["pos"] = p0 + len(idx)
                     self.state["step"] += 1
+                    self.state["wall_s"] = wall0 + time.perf_counter() - t_start
                     tok_acc += info["tokens"]
                     step = self.state["step"]
                     bar.update(1)
@@ -262,7 +264,8 @@ class BlockDiffusionTrainer:
                         dt = time.perf_counter() - t_last
                         self._log({"step": step, "epoch": e, "loss": info["loss"], "acc": info["acc"],
                                    "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
-                                   "label_tokens_per_s": tok_acc / max(dt, 1e-9), "oov": info["oov"]})
+                                   "label_tokens_per_s": tok_acc / max(dt, 1e-9), "oov": info["oov"],
+                                   "wall_s": round(self.state["wall_s"], 1)})
                         t_last, tok_acc = time.perf_counter(), 0
                     if eval_dataset is not None and len(eval_dataset) and step % cfg.eval_every == 0:
                         self._log({"step": step, **{f"eval_{k}": v for k, v in self.evaluate(eval_dataset, estimate_speedup=False).items()
