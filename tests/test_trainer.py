@@ -125,3 +125,23 @@ def test_feature_cache_refuses_other_layers(pair, data, tmp_path):
     TargetFeatures(tgt, (0, 1), tmp_path / "f")  # same layers: fine
     with pytest.raises(ValueError, match="another --feature-cache"):
         TargetFeatures(tgt, (1,), tmp_path / "f")
+
+
+def test_feature_standardisation_is_folded_at_export(pair, data, tmp_path):
+    """Training standardises the features (fc sees x / rms); the exported draft folds the scale into fc, so a loader
+    that feeds raw features (vLLM, from_pretrained) computes the same context."""
+    tgt, train, _ = data
+    t = _trainer(pair, tgt, out=tmp_path / "run")
+    t.train(train, batch_size=8, num_epochs=1, max_steps=2, progress=False)
+    inv = t.draft.feature_inv_scale
+    assert not torch.allclose(inv, torch.ones_like(inv)) and "feature_inv_scale" in t.state
+    feats = t.features([train[0]], t.device, torch.float32)[0]
+    ref = t.draft.fuse(feats)
+    out = t.export(tmp_path / "draft")
+    served = DFlashDraftModel.from_pretrained(out, target=tgt)
+    assert torch.allclose(served.feature_inv_scale, torch.ones_like(inv))
+    assert torch.allclose(served.fuse(feats), ref, atol=3e-2, rtol=3e-2)  # bf16 export
+    # the checkpoint keeps fc unfolded and the scale in the trainer state: a resumed trainer sees the same context
+    t2 = _trainer(pair, tgt, out=tmp_path / "run")
+    t2.load_checkpoint(tmp_path / "run" / "checkpoint")
+    assert torch.equal(t2.draft.feature_inv_scale, inv) and torch.allclose(t2.draft.fuse(feats), ref, atol=1e-5)

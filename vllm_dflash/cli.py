@@ -83,8 +83,10 @@ def cmd_export(a: argparse.Namespace) -> int:
         raise SystemExit(f"export: {ckpt} has no config.json. Fix: pass the --out folder of `vllm-dflash train`")
     tgt = AutoModelForCausalLM.from_pretrained(str(resolve_target(a.target)), dtype=torch.float32)
     draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
-    out = draft.save_pretrained(a.out, dtype=torch.bfloat16)
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["state"]
+    if "feature_inv_scale" in state:  # training-time feature standardisation, folded into fc for serving
+        draft.feature_inv_scale.copy_(torch.tensor(state["feature_inv_scale"]))
+    out = draft.save_pretrained(a.out, dtype=torch.bfloat16)
     print(json.dumps({"draft": str(out), "step": state["step"], "epoch": state["epoch"], "position": state["pos"]}))
     return 0
 

@@ -173,6 +173,11 @@ class DFlashDraftModel(nn.Module):
         self.register_buffer("lm_head_weight", torch.empty(0), persistent=False)  # [V_draft, H]
         # draft id -> target id (identity for the full vocabulary).
         self.register_buffer("draft_to_target", torch.arange(draft_vocab), persistent=False)  # [V_draft]
+        # Training-time input standardisation of the target features (fc sees x * inv_scale): the targets' residual
+        # streams carry a few massive dimensions (SmolLM2: RMS ~1,240 in one dim vs a median of 4-15), which a plain
+        # fc learns to ignore only slowly. Folded into fc.weight by save_pretrained, so checkpoints keep the
+        # published format (vLLM's fc sees raw features). [n_feat * H_t]
+        self.register_buffer("feature_inv_scale", torch.ones(cfg.feature_size), persistent=False)
         self.init_weights()
 
     # ---------------------------------------------------------------- set-up
@@ -215,7 +220,7 @@ class DFlashDraftModel(nn.Module):
         """target_hidden [..., n_feat * H_t] (layer outputs concatenated) -> ctx [..., H]."""
         if not self.config.use_target_features:  # ablation baseline: the context carries no target information
             return target_hidden.new_zeros(*target_hidden.shape[:-1], self.config.hidden_size)
-        return self.hidden_norm(self.fc(target_hidden))
+        return self.hidden_norm(self.fc(target_hidden * self.feature_inv_scale.to(target_hidden.dtype)))
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[KV]:
         """KV injection (reference path). ctx [N, C, H] fused features, positions [N, C] -> per layer (k, v)."""
@@ -285,13 +290,19 @@ class DFlashDraftModel(nn.Module):
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items()}
 
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        fold_feature_scale: bool = True) -> Path:
+        """fold_feature_scale: write fc.weight * feature_inv_scale (the published format; loaders see raw features).
+        Training checkpoints pass False and keep the scale in the trainer state."""
         from safetensors.torch import save_file
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.config.save(path)
-        state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in self.trainable_state_dict().items()}
+        state = dict(self.trainable_state_dict())
+        if fold_feature_scale:
+            state["fc.weight"] = self.fc.weight * self.feature_inv_scale.to(self.fc.weight.dtype)[None, :]
+        state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in state.items()}
         if self.config.uses_reduced_vocab:
             if not self.is_bound:
                 raise RuntimeError("a reduced-vocabulary draft must be bound to its target before saving "

@@ -284,6 +284,12 @@ def run_from_args(a: argparse.Namespace) -> int:
     from vllm_dflash.target import resolve_target
     from vllm_dflash.utils import default_dtype
 
+    import signal
+
+    def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so the running server is stopped (finally:)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _terminate)
     preset = PRESETS["quick" if a.quick else "full"]
     for k in ("configs", "concurrency", "num_prompts", "max_tokens", "name"):
         if getattr(a, k) is None:

@@ -53,6 +53,8 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     autocast_bf16: bool | None = None  # None: on when the device has fast bf16
+    standardize_features: bool = True  # fc sees features / per-dimension RMS (folded into fc at export)
+    standardize_sequences: int = 64  # sequences the RMS is measured on (new runs only)
 
 
 def _seed_of(*parts: Any) -> int:
@@ -233,6 +235,9 @@ class BlockDiffusionTrainer:
         if resume and self.out_dir and (self.out_dir / "checkpoint" / "trainer_state.pt").exists():
             self.load_checkpoint(self.out_dir / "checkpoint")
             logger.info("resumed from step %d (epoch %d, position %d)", self.state["step"], self.state["epoch"], self.state["pos"])
+        if self.state["step"] == 0 and cfg.standardize_features and "feature_inv_scale" not in self.state \
+                and self.draft.config.use_target_features:
+            self._standardize(dataset)
         old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         for s in old:
             signal.signal(s, self._on_signal)
@@ -283,6 +288,29 @@ class BlockDiffusionTrainer:
                 self.save_checkpoint()
                 self.plot()
         return {"step": self.state["step"], "epoch": self.state["epoch"], "interrupted": self._stop}
+
+    @torch.no_grad()
+    def _standardize(self, dataset: TrajectoryDataset) -> None:
+        """Per-dimension RMS of the target features over the first `standardize_sequences` sequences ->
+        draft.feature_inv_scale (kept in the trainer state; folded into fc at export)."""
+        n = min(len(dataset), self.cfg.standardize_sequences)
+        if n == 0:
+            return
+        sq, count = None, 0
+        for i in range(0, n, 8):
+            seqs = [dataset[j] for j in range(i, min(n, i + 8))]
+            f = self.features(seqs, self.device, torch.float32)  # [N, S, F], zero-padded
+            valid = torch.zeros(f.shape[:2], dtype=torch.bool, device=f.device)
+            for k, s in enumerate(seqs):
+                valid[k, : len(s.tokens)] = True
+            x = f[valid]  # [tokens, F]
+            sq = x.pow(2).sum(0) if sq is None else sq + x.pow(2).sum(0)
+            count += x.shape[0]
+        inv = 1.0 / (sq / max(count, 1)).sqrt().clamp(min=1e-3)
+        self.draft.feature_inv_scale.copy_(inv)
+        self.state["feature_inv_scale"] = inv.cpu().tolist()
+        logger.info("feature standardisation: per-dimension RMS over %d tokens: median %.3g, max %.3g", count,
+                    float((1 / inv).median()), float((1 / inv).max()))
 
     def _on_signal(self, signum, frame) -> None:
         logger.warning("signal %d: stopping after this step and checkpointing", signum)
@@ -382,7 +410,7 @@ class BlockDiffusionTrainer:
         path = Path(path) if path else self.out_dir / "checkpoint"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.draft.save_pretrained(tmp, dtype=torch.float32)
+        self.draft.save_pretrained(tmp, dtype=torch.float32, fold_feature_scale=False)
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                     "state": self.state, "config": asdict(self.cfg),
@@ -407,6 +435,8 @@ class BlockDiffusionTrainer:
         if self.scheduler is not None and st["scheduler"] is not None:
             self.scheduler.load_state_dict(st["scheduler"])
         self.state = st["state"]
+        if "feature_inv_scale" in self.state:
+            self.draft.feature_inv_scale.copy_(torch.tensor(self.state["feature_inv_scale"]))
         torch.set_rng_state(st["rng"]["torch"])
 
     def export(self, path: str | Path) -> Path:
