@@ -7,7 +7,8 @@ import pytest
 
 from vllm_dflash.adaptive.controller import AdaptiveController
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import AcceptanceModel, StepCostModel, cumulative_acceptance, plan_lengths
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
+                                         plan_lengths)
 
 
 def _lookup_loop(h, k, lo, hi):
@@ -116,7 +117,7 @@ def test_controller_prefers_the_source_that_gets_accepted():
     c = AdaptiveController(4, metrics=M(), clock=_Clock())
     text = [3, 4, 5, 6, 7, 8, 9, 10] * 60
     hist = np.array(text[:17])
-    for _ in range(30):
+    for _ in range(60):
         out = c.step(["r"], [hist], np.full((1, 4), 99), query_tokens=5, decode_only=True)
         k = len(out[0])
         assert out[0] == text[len(hist): len(hist) + k] or counts.get("proposals_dflash", 0) > 0
@@ -125,8 +126,8 @@ def test_controller_prefers_the_source_that_gets_accepted():
         while acc < k and out[0][acc] == text[len(hist) + acc]:
             acc += 1
         hist = np.array(text[: len(hist) + acc + 1])
-    assert counts["accepted_tokens_ngram"] > 20 and counts.get("accepted_tokens_dflash", 0) == 0
-    assert counts["proposals_ngram"] > 25
+    assert counts["accepted_tokens_ngram"] > 40 and counts.get("accepted_tokens_dflash", 0) == 0
+    assert counts["proposals_ngram"] > 30 and c.guard.best == "plan"  # speculating pays: the guard keeps the plan
 
 
 def test_controller_modes_and_errors():
@@ -135,3 +136,26 @@ def test_controller_modes_and_errors():
     c = AdaptiveController(4, mode="ngram")
     assert not c.want_dflash()
     assert AdaptiveController(4, mode="dflash").want_dflash()
+
+
+def test_guard_turns_speculation_off_when_it_is_slower():
+    g = SpeculationGuard(window=4, explore_every=3)
+    arms = []
+    for _ in range(60):
+        arms.append(g.arm)
+        g.record(10.0 if g.arm == "plan" else 12.0, 1.0)  # no speculation measures 20% faster
+    assert g.best == "off" and g.rate["off"] == pytest.approx(12.0)
+    steady = arms[16:]
+    assert steady.count("off") > 2 * steady.count("plan") > 0  # mostly off, still re-measuring the plan
+    h = SpeculationGuard(window=4, explore_every=3)
+    for _ in range(40):
+        h.record(15.0 if h.arm == "plan" else 12.0, 1.0)
+    assert h.best == "plan"
+
+
+def test_controller_obeys_the_guard():
+    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    c.guard.arm = "off"
+    hist = np.array([3, 4, 5, 6, 3, 4, 5])
+    assert c.step(["r"], [hist], None, query_tokens=1, decode_only=True) == [[]]
+    assert not c.want_dflash()

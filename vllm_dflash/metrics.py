@@ -45,6 +45,8 @@ GAUGES = {
     "diffusion_steps": "Denoising passes per draft block.",
     "cost_fixed_ms": "Adaptive drafting: fitted fixed cost of a step (alpha of T(n) = alpha + beta*n), ms.",
     "cost_per_token_ms": "Adaptive drafting: fitted cost per query token of a step (beta), ms.",
+    "guard_plan_tokens_per_s": "Adaptive drafting: measured output tokens/s while speculating per the plan.",
+    "guard_off_tokens_per_s": "Adaptive drafting: measured output tokens/s without speculation (the guard's other arm).",
 }
 COUNTERS = {
     "draft_steps": "Drafter invocations (one per engine step with drafting).",

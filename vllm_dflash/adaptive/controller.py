@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import AcceptanceModel, StepCostModel, cumulative_acceptance, plan_lengths
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
+                                         plan_lengths)
 
 MODES = ("both", "dflash", "ngram")
 
@@ -43,6 +44,7 @@ class AdaptiveController:
         self.probe_every = probe_every
         self.acceptance = AcceptanceModel(k_max)
         self.cost = StepCostModel()
+        self.guard = SpeculationGuard()
         self.metrics = metrics
         self.clock = clock
         self._pending: dict[str, _Pending] = {}
@@ -54,6 +56,8 @@ class AdaptiveController:
     def want_dflash(self) -> bool:
         """Run the DFlash draft forward this step? Yes while some request picks it, and every `probe_every`
         steps otherwise (its acceptance estimate must stay fresh). Always for mode 'dflash', never for 'ngram'."""
+        if self.guard.arm == "off":
+            return False
         if self.mode != "both":
             return self.mode == "dflash"
         return self._since_dflash_chosen == 0 or self._steps % self.probe_every == 0
@@ -65,13 +69,18 @@ class AdaptiveController:
         dflash: [B, k_max] DFlash drafts (None: not run this step). query_tokens: tokens the target was fed in the
         step just verified; decode_only: that step had no prefill chunk (its time is a clean cost sample)."""
         now = self.clock()
+        dt = None
         if self._last_t is not None and decode_only and query_tokens > 0:
             dt = now - self._last_t
             if dt < 10 * self.cost(query_tokens) + 0.05:  # an idle gap between requests is not a step cost
                 self.cost.observe(query_tokens, dt)
+            else:
+                dt = None
         self._last_t = now
         self._steps += 1
-        self._score_previous(req_ids, histories)
+        accepted = self._score_previous(req_ids, histories)
+        if dt is not None:  # the step just verified produced one token per request plus the accepted drafts
+            self.guard.record(len(req_ids) + accepted, dt)
         if self._steps % 64 == 0:  # requests that left the batch (finished, aborted, preempted): drop their state
             live = set(req_ids)
             self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
@@ -94,6 +103,8 @@ class AdaptiveController:
             gains.append(best[1])
             sources.append(best[2])
         ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+        if self.guard.arm == "off":  # measured: no speculation is faster here (or being re-measured)
+            ks = [0] * len(ks)
 
         out: list[list[int]] = []
         chose_dflash = False
@@ -114,6 +125,9 @@ class AdaptiveController:
                 self.metrics.observe("draft_tokens_per_request", float(k))
             self.metrics.set("cost_fixed_ms", self.cost.alpha * 1e3)
             self.metrics.set("cost_per_token_ms", self.cost.beta * 1e3)
+            for arm in self.guard.ARMS:
+                if self.guard.rate[arm] is not None:
+                    self.metrics.set(f"guard_{arm}_tokens_per_s", self.guard.rate[arm])
         return out
 
     def finished(self, req_ids) -> None:
@@ -122,7 +136,9 @@ class AdaptiveController:
             self.acceptance.forget(rid)
 
     # ------------------------------------------------------------------ internals
-    def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> None:
+    def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> int:
+        """Score each request's previous proposal; returns the accepted draft tokens of the step just verified."""
+        total = 0
         for rid, hist in zip(req_ids, histories):
             p = self._pending.pop(rid, None)
             if p is None or len(hist) <= p.start:
@@ -134,6 +150,8 @@ class AdaptiveController:
             accepted = min(accepted, len(hist) - p.start - 1)  # the last history token is the bonus, not a draft
             self.acceptance.observe(rid, p.source, len(p.tokens), accepted)
             self._count(f"accepted_tokens_{p.source}", accepted)
+            total += accepted
+        return total
 
     def _count(self, name: str, n: float = 1.0) -> None:
         if self.metrics is not None:

@@ -132,6 +132,47 @@ def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int
     return k
 
 
+class SpeculationGuard:
+    """A measured safety net over the model-based plan: the realised output tokens/s of the plan ('plan') and of no
+    speculation ('off') are compared in windows of `window` steps; the better arm runs, the other is re-measured
+    every `explore_every`-th window. It catches what the step-cost model does not see (fixed costs of the
+    speculative path, batch effects), so speculation that does not pay on this machine turns itself off."""
+
+    ARMS = ("plan", "off")
+
+    def __init__(self, window: int = 12, explore_every: int = 6, ema: float = 0.5):
+        self.window, self.explore_every, self.ema = window, explore_every, ema
+        self.rate: dict[str, float | None] = {a: None for a in self.ARMS}
+        self.arm = "plan"  # the arm of the current window
+        self.windows = 0
+        self._n, self._tokens, self._seconds = 0, 0.0, 0.0
+
+    @property
+    def best(self) -> str:
+        p, o = self.rate["plan"], self.rate["off"]
+        return "off" if (p is not None and o is not None and o > p) else "plan"
+
+    def record(self, tokens: float, seconds: float) -> None:
+        """One verified step of the current arm: output tokens it produced and its wall time."""
+        self._n += 1
+        self._tokens += tokens
+        self._seconds += seconds
+        if self._n < self.window:
+            return
+        r = self._tokens / max(self._seconds, 1e-9)
+        old = self.rate[self.arm]
+        self.rate[self.arm] = r if old is None else self.ema * r + (1 - self.ema) * old
+        self._n, self._tokens, self._seconds = 0, 0.0, 0.0
+        self.windows += 1
+        untried = [a for a in self.ARMS if self.rate[a] is None]
+        if untried:
+            self.arm = untried[0]
+        elif self.windows % self.explore_every == 0:
+            self.arm = "off" if self.best == "plan" else "plan"
+        else:
+            self.arm = self.best
+
+
 def cumulative_acceptance(cond: np.ndarray, length: int) -> np.ndarray:
     """P(i) = prod_{j<=i} cond[j] for i = 1..length -> [length]."""
     return np.cumprod(np.clip(cond[:length], 0.0, 1.0))
