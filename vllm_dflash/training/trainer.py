@@ -53,7 +53,8 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     autocast_bf16: bool | None = None  # None: on when the device has fast bf16
-    standardize_features: bool = True  # fc sees features / per-dimension RMS (folded into fc at export); gain unproven (dev/LOG.md)
+    # fc sees features / per-dimension RMS (folded into fc at export); its gain is not shown yet (dev/LOG.md)
+    standardize_features: bool = True
     standardize_sequences: int = 64  # sequences the RMS is measured on (new runs only)
 
 
