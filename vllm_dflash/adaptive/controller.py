@@ -85,26 +85,10 @@ class AdaptiveController:
             live = set(req_ids)
             self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
 
-        proposals, gains, sources = [], [], []
-        for i, (rid, hist) in enumerate(zip(req_ids, histories)):
-            best = (np.zeros(0, dtype=np.int64), np.zeros(0), "none")
-            cands = []
-            if dflash is not None and self.mode in ("both", "dflash"):
-                cands.append(("dflash", dflash[i]))
-            if self.mode in ("both", "ngram"):
-                cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
-            for src, toks in cands:
-                if len(toks) == 0:
-                    continue
-                p = cumulative_acceptance(self.acceptance.rates(rid, src), len(toks))
-                if p.sum() > best[1].sum():
-                    best = (np.asarray(toks), p, src)
-            proposals.append(best[0])
-            gains.append(best[1])
-            sources.append(best[2])
-        ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
         if self.guard.arm == "off":  # measured: no speculation is faster here (or being re-measured)
-            ks = [0] * len(ks)
+            proposals, sources, ks = [None] * len(req_ids), ["none"] * len(req_ids), [0] * len(req_ids)
+        else:
+            proposals, sources, ks = self._plan(req_ids, histories, dflash, extra_tokens)
 
         out: list[list[int]] = []
         chose_dflash = False
@@ -129,6 +113,28 @@ class AdaptiveController:
                 if self.guard.rate[arm] is not None:
                     self.metrics.set(f"guard_{arm}_tokens_per_s", self.guard.rate[arm])
         return out
+
+    def _plan(self, req_ids: list[str], histories: list[np.ndarray], dflash: np.ndarray | None,
+              extra_tokens: int) -> tuple[list[np.ndarray], list[str], list[int]]:
+        """Per request the source with the larger expected accepted length, then the lengths (plan_lengths)."""
+        proposals, gains, sources = [], [], []
+        for i, (rid, hist) in enumerate(zip(req_ids, histories)):
+            best = (np.zeros(0, dtype=np.int64), np.zeros(0), "none")
+            cands = []
+            if dflash is not None and self.mode in ("both", "dflash"):
+                cands.append(("dflash", dflash[i]))
+            if self.mode in ("both", "ngram"):
+                cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
+            for src, toks in cands:
+                if len(toks) == 0:
+                    continue
+                p = cumulative_acceptance(self.acceptance.rates(rid, src), len(toks))
+                if p.sum() > best[1].sum():
+                    best = (np.asarray(toks), p, src)
+            proposals.append(best[0])
+            gains.append(best[1])
+            sources.append(best[2])
+        return proposals, sources, plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
 
     def finished(self, req_ids) -> None:
         for rid in req_ids:
