@@ -43,16 +43,14 @@ def build_target_layer_ids(num_target_layers: int, num_features: int) -> tuple[i
         raise DFlashConfigError("num_features", f"got {num_features}", "fuse at least one target layer")
     if num_features == 1:
         return (num_target_layers // 2,)
-    if num_target_layers < 5:
-        # Too shallow for the [1, L-3] rule: spread over all layers instead.
-        step = (num_target_layers - 1) / (num_features - 1)
-        return tuple(sorted({int(math.floor(i * step + 0.5)) for i in range(num_features)}))
-    step = (num_target_layers - 4) / (num_features - 1)
-    ids = tuple(int(math.floor(1 + i * step + 0.5)) for i in range(num_features))
-    if len(set(ids)) < len(ids):  # too shallow for n distinct layers in [1, L-3]: spread over all layers
-        step = (num_target_layers - 1) / (num_features - 1)
-        ids = tuple(sorted({int(math.floor(i * step + 0.5)) for i in range(num_features)}))
-    return ids
+    if num_target_layers >= 5:
+        step = (num_target_layers - 4) / (num_features - 1)
+        ids = tuple(int(math.floor(1 + i * step + 0.5)) for i in range(num_features))
+        if len(set(ids)) == len(ids):
+            return ids
+    # Too shallow for n distinct layers in [1, L-3]: spread over all layers instead.
+    step = (num_target_layers - 1) / (num_features - 1)
+    return tuple(sorted({int(math.floor(i * step + 0.5)) for i in range(num_features)}))
 
 
 @dataclass(frozen=True)
