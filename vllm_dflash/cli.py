@@ -77,6 +77,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     from vllm_dflash.model import DFlashDraftModel
     from vllm_dflash.target import resolve_target
+    from vllm_dflash.training.trainer import restore_feature_scale
 
     ckpt = Path(a.run) / "checkpoint"
     if not (ckpt / "config.json").is_file():
@@ -84,8 +85,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     tgt = AutoModelForCausalLM.from_pretrained(str(resolve_target(a.target)), dtype=torch.float32)
     draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["state"]
-    if "feature_inv_scale" in state:  # training-time feature standardisation, folded into fc for serving
-        draft.feature_inv_scale.copy_(torch.tensor(state["feature_inv_scale"]))
+    restore_feature_scale(draft, state)  # folded into fc by save_pretrained
     out = draft.save_pretrained(a.out, dtype=torch.bfloat16)
     print(json.dumps({"draft": str(out), "step": state["step"], "epoch": state["epoch"], "position": state["pos"]}))
     return 0

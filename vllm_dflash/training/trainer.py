@@ -62,6 +62,13 @@ def _seed_of(*parts: Any) -> int:
     return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:12], 16)
 
 
+def restore_feature_scale(draft: DFlashDraftModel, state: dict[str, Any]) -> None:
+    """A training checkpoint keeps fc unfolded and the feature standardisation in its trainer state: put it back
+    on the draft (so fuse() and an export's fold see it)."""
+    if "feature_inv_scale" in state:
+        draft.feature_inv_scale.copy_(torch.tensor(state["feature_inv_scale"]))
+
+
 class TargetFeatures:
     """Frozen target: features of the draft's target layers for whole sequences, optionally cached on disk."""
 
@@ -436,8 +443,7 @@ class BlockDiffusionTrainer:
         if self.scheduler is not None and st["scheduler"] is not None:
             self.scheduler.load_state_dict(st["scheduler"])
         self.state = st["state"]
-        if "feature_inv_scale" in self.state:
-            self.draft.feature_inv_scale.copy_(torch.tensor(self.state["feature_inv_scale"]))
+        restore_feature_scale(self.draft, self.state)
         torch.set_rng_state(st["rng"]["torch"])
 
     def export(self, path: str | Path) -> Path:
