@@ -41,18 +41,38 @@ def run_one(spec: dict) -> dict:
     else:
         sps = SamplingParams(**sp_args)
     outs = llm.generate(prompts, sps, use_tqdm=False)
+    first = _spec_counters(llm)
+    reps = []  # optional repeats in the same engine (warm prefix cache): tokens and spec counters per repeat
+    for _ in range(spec.get("repeat", 0)):
+        if spec.get("before_repeat"):  # fault injection for negative controls (test-only), `llm` in scope
+            exec(spec["before_repeat"], {"llm": llm})
+        before = _spec_counters(llm)
+        again = llm.generate(prompts, sps, use_tqdm=False)
+        after = _spec_counters(llm)
+        reps.append({"tokens": [list(o.outputs[0].token_ids) for o in again],
+                     "counters": {k: after[k] - before.get(k, 0.0) for k in after},
+                     "cached_tokens": [o.num_cached_tokens for o in again]})
     metrics = {}
     for m in llm.get_metrics():
         if m.name.startswith(("vllm:spec_decode", "vllm:dflash")):
             metrics[m.name] = list(m.values) if hasattr(m, "values") else getattr(m, "value", None)
     res = {"async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
            "tokens": [list(o.outputs[0].token_ids) for o in outs], "texts": [o.outputs[0].text for o in outs],
-           "finish": [o.outputs[0].finish_reason for o in outs], "metrics": metrics}
+           "finish": [o.outputs[0].finish_reason for o in outs], "metrics": metrics, "repeats": reps, "first_counters": first,
+           "cached_tokens": [o.num_cached_tokens for o in outs]}
     for k in spec.get("env", {}):
         os.environ.pop(k, None)
     del llm
     gc.collect()
     return res
+
+
+def _spec_counters(llm) -> dict:
+    out = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"):
+            out[m.name] = float(getattr(m, "value", 0) or 0)
+    return out
 
 
 def main() -> None:
