@@ -188,3 +188,13 @@ def test_time_split_table():
            "time_split_s": {"draft_forward": 2.0, "kv_injection": 0.5, "wall": 10.0}}
     assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 75% |" in report.render_time_split([row])
     assert report.render_time_split([{**row, "time_split_s": None}]) is None
+
+
+def test_levels_get_disjoint_prompt_slices():
+    from vllm_dflash.bench.run import level_slices
+
+    sl = level_slices([1, 8, 32], 4)
+    ids = [set(range(s.start, s.stop)) for s in sl.values()]
+    assert [len(x) for x in ids] == [4, 8, 32]
+    assert not (ids[0] & ids[1]) and not (ids[1] & ids[2]) and not (ids[0] & ids[2])
+    assert max(max(x) for x in ids) == 43  # the warm-up prompt (index 44) lies outside every slice
