@@ -159,3 +159,41 @@ def test_controller_obeys_the_guard():
     hist = np.array([3, 4, 5, 6, 3, 4, 5])
     assert c.step(["r"], [hist], None, query_tokens=1, decode_only=True) == [[]]
     assert not c.want_dflash()
+
+
+def test_guard_backs_off_exploring_a_confirmed_loser():
+    g = SpeculationGuard(window=2, explore_every=2, max_gap=8)
+    arms = []
+    for _ in range(400):
+        arms.append(g.arm)
+        g.record(10.0 if g.arm == "plan" else 12.0, 1.0)
+    assert g.best == "off" and g.gap == 8
+    windows = arms[::2]
+    plan_windows = [i for i, a in enumerate(windows) if a == "plan"]
+    gaps = np.diff(plan_windows[1:])  # after the first window: gaps between re-measurements grow to max_gap + 1
+    assert gaps[0] < gaps[-1] == 9
+    assert windows[-40:].count("plan") <= 5  # at most 1 window in 9 pays for exploration once confirmed
+
+
+def test_guard_flip_resets_the_gap():
+    g = SpeculationGuard(window=1, explore_every=2, max_gap=16)
+    fast = "off"
+    for i in range(300):
+        if i == 150:
+            fast = "plan"  # the machine changes: speculation now pays
+        g.record(12.0 if g.arm == fast else 10.0, 1.0)
+    assert g.best == "plan"
+
+
+def test_controller_keeps_a_guard_per_batch_size():
+    from vllm_dflash.adaptive.policy import batch_bucket
+
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 7, 8, 31, 32)] == [0, 1, 1, 2, 2, 3, 4, 5]
+    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    c.want_dflash(num_reqs=32)
+    c.guard.arm = "off"  # at batch 32 speculation was measured slower
+    hist = np.array([3, 4, 5, 6, 3, 4, 5])
+    assert c.step(["r"], [hist], None, query_tokens=1, decode_only=True) == [[6, 3, 4, 5]]  # batch 1: plan
+    ids = [f"r{i}" for i in range(32)]
+    assert c.step(ids, [hist] * 32, None, query_tokens=32, decode_only=True) == [[]] * 32  # batch 32: off
+    assert c.guards[5].arm == "off" and c.guards[0].arm == "plan"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
-                                         plan_lengths)
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
+                                         cumulative_acceptance, plan_lengths)
 
 MODES = ("both", "dflash", "ngram")
 
@@ -44,7 +44,9 @@ class AdaptiveController:
         self.probe_every = probe_every
         self.acceptance = AcceptanceModel(k_max)
         self.cost = StepCostModel()
-        self.guard = SpeculationGuard()
+        self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
+        self._bucket = 0  # batch-size bucket of the current step
+        self._decided_bucket = -1  # bucket whose guard chose the arm of the previous step
         self.metrics = metrics
         self.clock = clock
         self._pending: dict[str, _Pending] = {}
@@ -52,10 +54,21 @@ class AdaptiveController:
         self._steps = 0
         self._since_dflash_chosen = 0
 
+    @property
+    def guard(self) -> SpeculationGuard:
+        """The guard of the current batch-size bucket."""
+        g = self.guards.get(self._bucket)
+        if g is None:
+            g = self.guards[self._bucket] = SpeculationGuard()
+        return g
+
     # ------------------------------------------------------------------ per step
-    def want_dflash(self) -> bool:
+    def want_dflash(self, num_reqs: int | None = None) -> bool:
         """Run the DFlash draft forward this step? Yes while some request picks it, and every `probe_every`
-        steps otherwise (its acceptance estimate must stay fresh). Always for mode 'dflash', never for 'ngram'."""
+        steps otherwise (its acceptance estimate must stay fresh). Always for mode 'dflash', never for 'ngram'.
+        Never while the guard of this batch size holds 'off'."""
+        if num_reqs is not None:
+            self._bucket = batch_bucket(num_reqs)
         if self.guard.arm == "off":
             return False
         if self.mode != "both":
@@ -79,8 +92,10 @@ class AdaptiveController:
         self._last_t = now
         self._steps += 1
         accepted = self._score_previous(req_ids, histories)
-        if dt is not None:  # the step just verified produced one token per request plus the accepted drafts
-            self.guard.record(len(req_ids) + accepted, dt)
+        ran = self.guards.get(self._decided_bucket)  # the guard whose arm ran the step just verified
+        if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
+            ran.record(len(req_ids) + accepted, dt)
+        self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
         if self._steps % 64 == 0:  # requests that left the batch (finished, aborted, preempted): drop their state
             live = set(req_ids)
             self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])

@@ -134,17 +134,22 @@ def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int
 
 class SpeculationGuard:
     """A measured safety net over the model-based plan: the realised output tokens/s of the plan ('plan') and of no
-    speculation ('off') are compared in windows of `window` steps; the better arm runs, the other is re-measured
-    every `explore_every`-th window. It catches what the step-cost model does not see (fixed costs of the
-    speculative path, batch effects), so speculation that does not pay on this machine turns itself off."""
+    speculation ('off') are compared in windows of `window` steps; the better arm runs and the other is re-measured
+    after `explore_every` windows. Each re-measurement that confirms the winner doubles that gap (up to
+    `max_gap`); a flip resets it. It catches what the step-cost model does not see (fixed costs of the speculative
+    path, batch effects), so speculation that does not pay on this machine turns itself off, and stays off at
+    little exploration cost."""
 
     ARMS = ("plan", "off")
 
-    def __init__(self, window: int = 12, explore_every: int = 6, ema: float = 0.5):
-        self.window, self.explore_every, self.ema = window, explore_every, ema
+    def __init__(self, window: int = 12, explore_every: int = 4, max_gap: int = 32, ema: float = 0.5):
+        self.window, self.explore_every, self.max_gap, self.ema = window, explore_every, max_gap, ema
         self.rate: dict[str, float | None] = {a: None for a in self.ARMS}
         self.arm = "plan"  # the arm of the current window
         self.windows = 0
+        self.gap = explore_every  # windows of the winner before the loser is measured again
+        self._since_explore = 0
+        self._exploring = False
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
 
     @property
@@ -161,16 +166,29 @@ class SpeculationGuard:
             return
         r = self._tokens / max(self._seconds, 1e-9)
         old = self.rate[self.arm]
+        winner_before = self.best
         self.rate[self.arm] = r if old is None else self.ema * r + (1 - self.ema) * old
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
         self.windows += 1
         untried = [a for a in self.ARMS if self.rate[a] is None]
         if untried:
             self.arm = untried[0]
-        elif self.windows % self.explore_every == 0:
+            return
+        if self._exploring:  # a re-measurement of the loser just ended
+            self._exploring = False
+            self.gap = min(2 * self.gap, self.max_gap) if self.best == winner_before else self.explore_every
+        self._since_explore += 1
+        if self._since_explore > self.gap:
+            self._since_explore = 0
+            self._exploring = True
             self.arm = "off" if self.best == "plan" else "plan"
         else:
             self.arm = self.best
+
+
+def batch_bucket(num_reqs: int) -> int:
+    """Guard bucket of a batch: 1, 2-3, 4-7, 8-15, ... -> 0, 1, 2, 3, ... (speculation pays differently at each)."""
+    return max(int(num_reqs), 1).bit_length() - 1
 
 
 def cumulative_acceptance(cond: np.ndarray, length: int) -> np.ndarray:

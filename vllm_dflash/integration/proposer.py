@@ -139,7 +139,7 @@ class DFlashDrafter(DFlashProposer):
         self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
         if K == 0:
             return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
-        if self.controller is not None and not self.controller.want_dflash():
+        if self.controller is not None and not self.controller.want_dflash(batch_size):
             self.metrics.inc("draft_steps")
             return self._adaptive(None, K, target_positions, next_token_ids, common_attn_metadata,
                                   num_rejected_tokens_gpu)
@@ -197,7 +197,7 @@ class DFlashDrafter(DFlashProposer):
         rej = num_rejected.tolist() if num_rejected is not None else [0] * B
         pos = target_positions.tolist() if target_positions.dim() == 1 else target_positions[0].tolist()
         bonus = next_token_ids.tolist()
-        req_ids, hists, rows, decode_only = [], [], [], True
+        req_ids, hists, rows, decode_only, prefill_tokens = [], [], [], True, 0
         for i in range(B):
             qlen = qsl[i + 1] - qsl[i]
             end = qsl[i + 1] - int(rej[i])
@@ -206,6 +206,7 @@ class DFlashDrafter(DFlashProposer):
             p = int(pos[end - 1])
             if p + 1 < int(batch.num_prompt_tokens[i]):
                 decode_only = False  # partial prefill: no draft (the scheduler ignores it anyway)
+                prefill_tokens += qlen  # its next chunk will likely share the next step: a cost the plan sees
                 continue
             decode_only &= qlen <= K + 1
             hist = np.empty(p + 2, dtype=np.int64)
@@ -215,7 +216,8 @@ class DFlashDrafter(DFlashProposer):
             hists.append(hist)
             rows.append(i)
         block = drafts.cpu().numpy()[rows] if drafts is not None else None
-        planned = self.controller.step(req_ids, hists, block, query_tokens=qsl[B], decode_only=decode_only)
+        planned = self.controller.step(req_ids, hists, block, query_tokens=qsl[B], decode_only=decode_only,
+                                       extra_tokens=prefill_tokens)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
             out[i] = toks
