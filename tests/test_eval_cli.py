@@ -39,8 +39,11 @@ def test_eval_reference(pair, prompts):
 
 @pytest.mark.vllm
 def test_eval_vllm_engine(pair, prompts):
-    r = _eval(pair, prompts, "--engine", "vllm")
+    r = _eval(pair, prompts, "--engine", "vllm", "--ngram", "3")
     assert KEYS <= set(r) and r["engine"] == "vllm" and r["num_prompts"] == 3
+    ng = r["ngram"]  # the prompt-lookup baseline on the same prompts
+    assert ng["num_speculative_tokens"] == 3 and len(ng["per_position_acceptance"]) == 3
+    assert ng["acceptance_length"] >= 1.0 and ng["speedup"] > 0
     assert r["acceptance_length"] >= 1.0 and r["speedup"] > 0 and r["num_steps"] > 0
     assert 0 < r["draft_time_share"] < 1  # measured from our drafter metrics, not a constant
 

@@ -46,7 +46,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
         report = evaluate_vllm(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
                                max_new_tokens=a.max_new_tokens, block_size=a.block_size,
-                               diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, concurrency=a.concurrency)
+                               diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, concurrency=a.concurrency,
+                               ngram_k=a.ngram)
     else:
         report = evaluate_reference(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
                                     max_new_tokens=a.max_new_tokens, block_size=a.block_size,
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference: the PyTorch loop (baseline = block size 1); vllm: offline vLLM with our drafter "
                         "(baseline = vLLM without speculation)")
     s.add_argument("--concurrency", type=int, default=1, help="requests in flight (vllm engine)")
+    s.add_argument("--ngram", type=int, default=0, metavar="K",
+                   help="vllm engine: also run vLLM's prompt lookup with K tokens on the same prompts (its τ beside ours)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
 

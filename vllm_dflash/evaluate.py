@@ -77,4 +77,9 @@ def format_report(r: dict[str, Any]) -> str:
     if r.get("speedup") is not None:
         base = "no speculation" if r.get("engine") == "vllm" else "block size 1"
         lines.append(f"  speedup over {base}: {r['speedup']:.2f}x  (baseline {r['baseline_tokens_per_s']:.1f} tok/s)")
+    ng = r.get("ngram")
+    if ng:
+        lines.append(f"  vLLM prompt lookup, {ng['num_speculative_tokens']} tokens, same prompts: τ {ng['acceptance_length']:.3f}"
+                     f", per position " + " ".join(f"{x:.2f}" for x in ng["per_position_acceptance"])
+                     + (f", speedup {ng['speedup']:.2f}x" if ng.get("speedup") is not None else ""))
     return "\n".join(lines)

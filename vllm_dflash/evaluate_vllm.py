@@ -34,7 +34,7 @@ def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concur
 
 def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
                   max_new_tokens: int = 256, block_size: int | None = None, diffusion_steps: int | None = None,
-                  baseline: bool = True, concurrency: int = 1) -> dict[str, Any]:
+                  baseline: bool = True, concurrency: int = 1, ngram_k: int = 0) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from transformers import AutoTokenizer
 
@@ -77,4 +77,16 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
         report["speedup"] = report["tokens_per_s"] / report["baseline_tokens_per_s"]
     else:
         report["speedup"] = None
+    if ngram_k:  # the no-training baseline on the same prompts: vLLM's prompt lookup with ngram_k tokens. Last: once
+        # its proposer has imported numba, vLLM 0.32's kernel-override scan fails for any later engine in this process
+        ndt, nn, nm = _run({**common, "speculative_config": {"method": "ngram", "num_speculative_tokens": ngram_k,
+                                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
+                           ids, max_new_tokens, concurrency)
+        nd = float(nm.get("vllm:spec_decode_num_drafts") or 0)
+        na = float(nm.get("vllm:spec_decode_num_accepted_tokens") or 0)
+        report["ngram"] = {"num_speculative_tokens": ngram_k, "acceptance_length": 1 + na / nd if nd else 0.0,
+                           "per_position_acceptance": [p / nd for p in nm.get(
+                               "vllm:spec_decode_num_accepted_tokens_per_pos") or []] if nd else [],
+                           "output_tokens": nn, "tokens_per_s": nn / ndt,
+                           "speedup": nn / ndt / report["baseline_tokens_per_s"] if baseline else None}
     return report
