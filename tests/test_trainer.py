@@ -128,10 +128,10 @@ def test_feature_cache_refuses_other_layers(pair, data, tmp_path):
 
 
 def test_feature_standardisation_is_folded_at_export(pair, data, tmp_path):
-    """Training standardises the features (fc sees x / rms); the exported draft folds the scale into fc, so a loader
+    """With standardize_features, training standardises the features (fc sees x / rms); the exported draft folds the scale into fc, so a loader
     that feeds raw features (vLLM, from_pretrained) computes the same context."""
     tgt, train, _ = data
-    t = _trainer(pair, tgt, out=tmp_path / "run")
+    t = _trainer(pair, tgt, out=tmp_path / "run", standardize_features=True)
     t.train(train, batch_size=8, num_epochs=1, max_steps=2, progress=False)
     inv = t.draft.feature_inv_scale
     assert not torch.allclose(inv, torch.ones_like(inv)) and "feature_inv_scale" in t.state

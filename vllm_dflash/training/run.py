@@ -46,7 +46,7 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
               max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32, max_len: int = 640,
               eval_every: int = 200, ckpt_every: int = 50, diffusion_steps: int = 1, feature_cache: str | None = None,
               threads: int | None = None, init_from_target: bool = False,
-              use_target_features: bool = True) -> dict[str, Any]:
+              use_target_features: bool = True, standardize_features: bool = False) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -89,7 +89,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
                 draft.config.num_hidden_layers, draft.config.block_size, draft.num_parameters() / 1e6,
                 draft.config.draft_vocab_size or "full")
     trainer = BlockDiffusionTrainer(draft, tgt, out_dir=out_dir, lr=lr, anchors_per_seq=anchors_per_seq,
-                                    ckpt_every=ckpt_every, diffusion_steps=diffusion_steps, feature_cache=feature_cache)
+                                    ckpt_every=ckpt_every, diffusion_steps=diffusion_steps, feature_cache=feature_cache,
+                                    standardize_features=standardize_features)
     result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held,
                            eval_every=eval_every, max_steps=max_steps)
     report = trainer.evaluate(held) if len(held) else {}

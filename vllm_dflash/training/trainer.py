@@ -53,8 +53,9 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     autocast_bf16: bool | None = None  # None: on when the device has fast bf16
-    # fc sees features / per-dimension RMS (folded into fc at export); its gain is not shown yet (dev/LOG.md)
-    standardize_features: bool = True
+    # fc sees features / per-dimension RMS (folded into fc at export). Off by default: on SmolLM2 it did not raise
+    # held-out τ over the full 1,188-step schedule (dev/LOG.md, session 4)
+    standardize_features: bool = False
     standardize_sequences: int = 64  # sequences the RMS is measured on (new runs only)
 
 
