@@ -145,3 +145,15 @@ def test_feature_standardisation_is_folded_at_export(pair, data, tmp_path):
     t2 = _trainer(pair, tgt, out=tmp_path / "run")
     t2.load_checkpoint(tmp_path / "run" / "checkpoint")
     assert torch.equal(t2.draft.feature_inv_scale, inv) and torch.allclose(t2.draft.fuse(feats), ref, atol=1e-5)
+
+
+def test_train_fraction_is_a_deterministic_subset():
+    from vllm_dflash.training.data import TrajectoryDataset
+
+    recs = [{"id": f"s{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5, 6, 7]} for i in range(400)]
+    ds = TrajectoryDataset(recs)
+    half = ds.fraction(0.5)
+    assert 150 < len(half) < 250 and [s.id for s in half.items] == [s.id for s in ds.fraction(0.5).items]
+    assert {s.id for s in ds.fraction(0.25).items} <= {s.id for s in half.items}  # nested shares
+    with pytest.raises(ValueError, match="train fraction"):
+        ds.fraction(0.0)

@@ -64,7 +64,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                     max_steps=a.max_steps, lr=a.lr, anchors_per_seq=a.anchors, max_len=a.max_len,
                     eval_every=a.eval_every, ckpt_every=a.ckpt_every, diffusion_steps=a.diffusion_steps,
                     feature_cache=a.feature_cache, threads=a.threads, init_from_target=a.init_from_target,
-                    use_target_features=not a.no_target_features, standardize_features=a.standardize_features)
+                    use_target_features=not a.no_target_features, standardize_features=a.standardize_features,
+                    train_fraction=a.train_fraction)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="start the draft layers from the target's last layers (new runs only)")
     s.add_argument("--no-target-features", action="store_true",
                    help="ablation baseline: train without target features (context K/V from zeros; not servable)")
+    s.add_argument("--train-fraction", type=float, default=1.0,
+                   help="train on this deterministic share of the training split (data-scaling runs; held-out set unchanged)")
     s.add_argument("--standardize-features", action="store_true",
                    help="fc sees per-dimension standardised features, folded into fc at export (new runs only; "
                         "no gain measured on SmolLM2)")

@@ -46,6 +46,14 @@ class TrajectoryDataset:
             (ev if (h < eval_fraction and s.greedy and len(ev.items) < max_eval) else tr).items.append(s)
         return tr, ev
 
+    def fraction(self, f: float) -> "TrajectoryDataset":
+        """A deterministic share f of the sequences (by id hash, independent of the eval split): data-scaling runs."""
+        if not 0.0 < f <= 1.0:
+            raise ValueError(f"train fraction {f!r}: expected a number in (0, 1]")
+        out = TrajectoryDataset([])
+        out.items = [s for s in self.items if int(hashlib.sha1(f"frac:{s.id}".encode()).hexdigest()[:8], 16) / 2**32 < f]
+        return out
+
     def __len__(self) -> int:
         return len(self.items)
 

@@ -46,7 +46,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
               max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32, max_len: int = 640,
               eval_every: int = 200, ckpt_every: int = 50, diffusion_steps: int = 1, feature_cache: str | None = None,
               threads: int | None = None, init_from_target: bool = False,
-              use_target_features: bool = True, standardize_features: bool = False) -> dict[str, Any]:
+              use_target_features: bool = True, standardize_features: bool = False,
+              train_fraction: float = 1.0) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -61,6 +62,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
     tgt = AutoModelForCausalLM.from_pretrained(str(tpath), dtype=torch.float32).eval()
     ds = TrajectoryDataset.from_dir(data, max_len=max_len)
     train, held = ds.split()
+    if train_fraction < 1.0:  # data-scaling runs: a fixed share of the training split, same held-out set
+        train = train.fraction(train_fraction)
     logger.info("data: %d train sequences (%d response tokens), %d held-out greedy sequences, %d skipped",
                 len(train), train.num_response_tokens(), len(held), ds.skipped)
     out_dir = Path(out)
