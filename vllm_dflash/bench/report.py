@@ -109,9 +109,9 @@ def render_markdown(result: dict[str, Any]) -> str:
            f"- target: `{m['target']}`; draft: `{m['draft']}`"
            + ("" if m["draft_trained"] else " (**UNTRAINED**: τ ≈ 1 and a slowdown are expected)"),
            f"- workload: greedy (temperature 0), max_tokens {m['max_tokens']}, ignore_eos {m['ignore_eos']}, "
-           f"prompt sets {', '.join(m['prompt_sets'])}, prompts per run = max({m['num_prompts']}, concurrency)"
-           + (", a different slice of each set per concurrency level (no prompt repeats, so no prefix-cache hits "
-              "between runs)" if m.get("disjoint_levels") else "") + ", "
+           f"prompt sets {', '.join(m['prompt_sets'])}, prompts per run = max({m['num_prompts']}, concurrency), "
+           "a different slice of each set per concurrency level (no prompt repeats, so no prefix-cache hits "
+           "between runs), "
            f"concurrency {', '.join(map(str, m['concurrency']))}; streaming OpenAI chat clients (asyncio); "
            "one warm-up request per prompt set before measuring",
            f"- engine (every configuration): `vllm serve --dtype {eng['dtype']} --enforce-eager --max-model-len "
@@ -148,10 +148,6 @@ def render_markdown(result: dict[str, Any]) -> str:
     ll = result["losslessness"]
     for name, v in ll["per_config"].items():
         out.append(f"- {name}: {v['identical']}/{v['compared']} identical")
-    bi = ll.get("baseline_across_concurrency")
-    if bi:
-        out.append(f"- reference: `none` at concurrency {bi['concurrency']} vs 1, same prompts: "
-                   f"{bi['identical']}/{bi['compared']} identical (batching alone)")
     for r in result["runs"]:
         for mm in (r.get("vs_baseline") or {}).get("mismatches", []):
             out.append(f"  - MISMATCH {r['config']} / {r['prompt_set']} / c{r['concurrency']} / {mm['id']} at char "

@@ -203,19 +203,7 @@ def _losslessness(runs: list[dict[str, Any]]) -> dict[str, Any]:
             v = per.setdefault(r["config"], {"identical": 0, "compared": 0})
             v["identical"] += r["vs_baseline"]["identical"]
             v["compared"] += r["vs_baseline"]["compared"]
-    out: dict[str, Any] = {"per_config": per, "mismatches": sum(v["compared"] - v["identical"] for v in per.values())}
-    base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == "none" and r.get("ok")}
-    levels = sorted({c for _, c in base})
-    if len(levels) > 1 and levels[0] == 1:  # how much batching alone moves greedy outputs (fp reductions)
-        hi, tot = levels[-1], {"identical": 0, "compared": 0}
-        for (ps, c), r in base.items():
-            if c == hi and (ps, 1) in base:
-                cmp = stats.compare_outputs(base[(ps, 1)]["outputs"], r["outputs"])
-                tot["identical"] += cmp["identical"]
-                tot["compared"] += cmp["compared"]
-        if tot["compared"]:  # only when levels share prompts (older results; levels are disjoint now)
-            out["baseline_across_concurrency"] = {"concurrency": hi, **tot}
-    return out
+    return {"per_config": per, "mismatches": sum(v["compared"] - v["identical"] for v in per.values())}
 
 
 def _machine() -> dict[str, Any]:
@@ -236,7 +224,7 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
     return {"name": a.name, "quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "target": str(target), "draft": str(draft) if draft else None, "draft_trained": trained,
             "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
-            "concurrency": levels, "disjoint_levels": True, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
+            "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
             "engine": {"dtype": dtype, "enforce_eager": True, "max_model_len": a.max_model_len,
                        "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib},
             "layout": {"omp_num_threads": a.threads,
@@ -320,7 +308,7 @@ def run_from_args(a: argparse.Namespace) -> int:
 
         draft, trained = resolve_draft(a.draft, target)
         k = k or DFlashConfig.from_pretrained(draft).block_size - 1
-    need = sum(max(a.num_prompts, c) for c in levels) + 1  # disjoint slices per level + the warm-up prompt
+    need = max(s.stop for s in level_slices(levels, a.num_prompts).values()) + 1  # the slices + the warm-up prompt
     prompts = {ps: load_prompt_set(ps, need) for ps in prompt_sets}
     for ps, items in prompts.items():
         if len(items) < need:
