@@ -32,6 +32,16 @@ def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concur
     return dt, n, metrics
 
 
+def _acceptance(metrics: dict) -> tuple[float, list[float], float]:
+    """vLLM's spec-decode counters of one run -> (τ = 1 + accepted / drafts, per-position acceptance, drafts)."""
+    drafts = float(metrics.get("vllm:spec_decode_num_drafts") or 0)
+    if not drafts:
+        return 0.0, [], 0.0
+    acc = float(metrics.get("vllm:spec_decode_num_accepted_tokens") or 0)
+    per_pos = metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
+    return 1 + acc / drafts, [p / drafts for p in per_pos], drafts
+
+
 def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
                   max_new_tokens: int = 256, block_size: int | None = None, diffusion_steps: int | None = None,
                   baseline: bool = True, concurrency: int = 1, ngram_k: int = 0) -> dict[str, Any]:
@@ -58,17 +68,14 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
                   kv_cache_memory_bytes=512 << 20, max_num_seqs=max(concurrency, 1), disable_log_stats=False)
     ensure_metrics_dir()
     dt, n, m = _run({**common, "speculative_config": spec}, ids, max_new_tokens, concurrency)
-    drafts = float(m.get("vllm:spec_decode_num_drafts") or 0)
-    acc = float(m.get("vllm:spec_decode_num_accepted_tokens") or 0)
-    per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
+    tau, per_pos, drafts = _acceptance(m)
     MetricsSink.get().flush(force=True)  # in-process engine: this process's drafter and scheduler share the sink
     hists = merged(read_snapshots())["hists"]
     hist = hists["accepted_tokens_per_step"]["counts"][:B]
     draft_s = hists["draft_forward_seconds"]["sum"] + hists["kv_injection_seconds"]["sum"]
     report = {"engine": "vllm", "target": str(tpath), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
               "block_size": B, "diffusion_steps": diffusion_steps or cfg.diffusion_steps, "max_new_tokens": max_new_tokens,
-              "concurrency": concurrency, "acceptance_length": 1 + acc / drafts if drafts else 0.0,
-              "per_position_acceptance": [p / drafts for p in per_pos] if drafts else [],
+              "concurrency": concurrency, "acceptance_length": tau, "per_position_acceptance": per_pos,
               "histogram": hist, "num_steps": int(drafts), "output_tokens": n, "tokens_per_s": n / dt,
               "draft_time_share": draft_s / dt}
     if baseline:
@@ -82,11 +89,8 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
         ndt, nn, nm = _run({**common, "speculative_config": {"method": "ngram", "num_speculative_tokens": ngram_k,
                                                               "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
                            ids, max_new_tokens, concurrency)
-        nd = float(nm.get("vllm:spec_decode_num_drafts") or 0)
-        na = float(nm.get("vllm:spec_decode_num_accepted_tokens") or 0)
-        report["ngram"] = {"num_speculative_tokens": ngram_k, "acceptance_length": 1 + na / nd if nd else 0.0,
-                           "per_position_acceptance": [p / nd for p in nm.get(
-                               "vllm:spec_decode_num_accepted_tokens_per_pos") or []] if nd else [],
-                           "output_tokens": nn, "tokens_per_s": nn / ndt,
+        ntau, nper_pos, _ = _acceptance(nm)
+        report["ngram"] = {"num_speculative_tokens": ngram_k, "acceptance_length": ntau,
+                           "per_position_acceptance": nper_pos, "output_tokens": nn, "tokens_per_s": nn / ndt,
                            "speedup": nn / ndt / report["baseline_tokens_per_s"] if baseline else None}
     return report
