@@ -3,8 +3,8 @@
 
 Same prompts twice in one engine: the second pass hits the prefix cache. With our default the hit covers every
 full block (vLLM's drop rule recomputes the last one), the output equals the target's own greedy output, and the
-draft accepts as much as on the cold pass: the cached draft K/V are exact (were they stale or missing, the draft
-would see a wrong context and acceptance would collapse)."""
+draft proposes and accepts exactly what it did on the cold pass: the cached draft K/V are exact. Negative control:
+zeroing the draft's KV cache before the warm pass (stale draft K/V in the kept blocks) changes the drafts."""
 import pytest
 import torch
 
