@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Adaptive drafting inside real vLLM (CPU, V1 runner): lossless greedy output with both sources, per source and
-with max_model_len mid-block; drafts really verified and accepted; synchronous scheduling enforced."""
+with max_model_len mid-block, with synchronous scheduling (default) and with overlap (VLLM_DFLASH_OVERLAP=1: our
+AsyncScheduler subclass plans the lengths); drafts really verified and accepted."""
 import pytest
 import torch
 
@@ -12,6 +13,9 @@ g = torch.Generator().manual_seed(77)
 # half random prompts, half that repeat a phrase (prompt lookup has something to copy)
 PROMPTS = [torch.randint(4, 384, (12,), generator=g).tolist() for _ in range(4)] + \
           [(torch.randint(4, 384, (5,), generator=g).tolist() * 4)[:18] for _ in range(4)]
+
+
+OVERLAP = {"VLLM_DFLASH_OVERLAP": "1"}
 
 
 def _spec(pair, adaptive, b=8):
@@ -30,8 +34,14 @@ def results(pair):
         "base_short": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50},
         "both_short": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50,
                        "speculative_config": _spec(pair, True)},
-        "overlap_forced": {"model": t, "prompts": PROMPTS, "speculative_config": _spec(pair, True),
-                           "env": {"VLLM_DFLASH_OVERLAP": "1"}, "expect_error": "needs synchronous scheduling"},
+        "both_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, True),
+                         "env": OVERLAP},
+        "ngram_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 48,
+                          "speculative_config": _spec(pair, "ngram"), "env": OVERLAP},
+        "dflash16_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 48,
+                             "speculative_config": _spec(pair, "dflash", 16), "env": OVERLAP},
+        "both_short_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50,
+                               "speculative_config": _spec(pair, True), "env": OVERLAP},
         "bad_value": {"model": t, "prompts": PROMPTS, "speculative_config": _spec(pair, "medusa"),
                       "expect_error": "speculative_config.adaptive"},
     }
@@ -39,14 +49,14 @@ def results(pair):
     return dict(zip(names, run_vllm([runs[n] for n in names])))
 
 
-@pytest.mark.parametrize("name", ["both", "ngram", "dflash16"])
+@pytest.mark.parametrize("name", ["both", "ngram", "dflash16", "both_overlap", "ngram_overlap", "dflash16_overlap"])
 def test_greedy_lossless(results, name):
     assert results[name]["tokens"] == results["base"]["tokens"]
-    assert not results[name]["async_scheduling"]
+    assert results[name]["async_scheduling"] == name.endswith("_overlap")
 
 
 def test_drafts_are_verified_and_accepted(results):
-    for name in ("both", "ngram", "dflash16"):
+    for name in ("both", "ngram", "dflash16", "both_overlap", "ngram_overlap", "dflash16_overlap"):
         r = results[name]
         assert counter(r, "vllm:spec_decode_num_draft_tokens") > 0, name
         assert counter(r, "vllm:spec_decode_num_accepted_tokens") > 0, name
@@ -54,12 +64,22 @@ def test_drafts_are_verified_and_accepted(results):
 
 def test_adaptive_is_logged(results):
     assert "adaptive drafting ON (sources: both" in results["both"]["log"]
+    assert "lengths planned in the scheduler (overlap)" in results["both_overlap"]["log"]
 
 
-def test_max_model_len_mid_block(results):
-    assert results["both_short"]["tokens"] == results["base_short"]["tokens"]
+def test_overlap_plans_multi_token_drafts(results):
+    """Under overlap the scheduler plans the lengths: on the repeating prompts prompt lookup is accepted beyond the
+    first position (the scheduler asked for more than one draft), and the acceptance counters add up."""
+    r = results["ngram_overlap"]
+    per_pos = r["metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert per_pos[1] > 0
+    assert sum(per_pos) == counter(r, "vllm:spec_decode_num_accepted_tokens")
+
+
+@pytest.mark.parametrize("name", ["both_short", "both_short_overlap"])
+def test_max_model_len_mid_block(results, name):
+    assert results[name]["tokens"] == results["base_short"]["tokens"]
 
 
 def test_bad_settings_fail_before_serving(results):
-    assert "needs synchronous scheduling" in results["overlap_forced"]["error"]
     assert "speculative_config.adaptive" in results["bad_value"]["error"]

@@ -129,6 +129,61 @@ class AdaptiveController:
                     self.metrics.set(f"guard_{arm}_tokens_per_s", self.guard.rate[arm])
         return out
 
+    def step_overlap(self, req_ids: list[str], histories: list[np.ndarray | None], dflash: np.ndarray | None,
+                     verified: list[tuple[int, int]]) -> np.ndarray:
+        """Overlap (async) scheduling: the scheduler decides how many drafts each request verifies
+        (integration/async_scheduler.py); here only the source. -> [B, k_max] proposals, full length.
+
+        histories[r]: committed tokens of request r (None: incomplete, no prompt lookup); verified[r]: (drafts the
+        step just verified, drafts accepted) for the request's previous proposal. A prompt-lookup proposal shorter
+        than k_max is padded with the DFlash block's tail (or its own last token); the scheduler's per-request
+        acceptance learns how far such a mix gets accepted."""
+        self.score_overlap(req_ids, verified)
+        out = np.empty((len(req_ids), self.k_max), dtype=np.int64)
+        chose_dflash = False
+        for i, (rid, hist) in enumerate(zip(req_ids, histories)):
+            toks, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
+            n = len(toks)
+            out[i, :n] = toks
+            if n < self.k_max:
+                fill = dflash[i, n:] if dflash is not None else None
+                out[i, n:] = fill if fill is not None else (toks[-1] if n else (hist[-1] if hist is not None else 0))
+            if src != "none":
+                self._pending[rid] = _Pending(0, out[i].copy(), src)
+            chose_dflash |= src == "dflash"
+        self._since_dflash_chosen = 0 if chose_dflash else self._since_dflash_chosen + 1
+        if self._steps % 64 == 0:
+            live = set(req_ids)
+            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
+        return out
+
+    def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> None:
+        """Score each request's pending proposal: (drafts verified this step, drafts accepted)."""
+        self._steps += 1
+        for rid, (k, a) in zip(req_ids, verified):
+            p = self._pending.pop(rid, None)
+            if p is not None and k > 0:
+                a = max(0, min(a, k))
+                self.acceptance.observe(rid, p.source, k, a)
+                self._count(f"proposals_{p.source}")
+                self._count(f"drafted_tokens_{p.source}", k)
+                self._count(f"accepted_tokens_{p.source}", a)
+
+    def _choose(self, rid: str, hist: np.ndarray | None, block: np.ndarray | None) -> tuple[np.ndarray, str]:
+        """The source with the larger expected accepted length for this request. -> (its tokens, source)."""
+        best = (np.zeros(0, dtype=np.int64), 0.0, "none")
+        cands = []
+        if block is not None and self.mode in ("both", "dflash"):
+            cands.append(("dflash", block))
+        if hist is not None and self.mode in ("both", "ngram"):
+            cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
+        for src, toks in cands:
+            if len(toks):
+                gain = float(cumulative_acceptance(self.acceptance.rates(rid, src), len(toks)).sum())
+                if gain > best[1]:
+                    best = (np.asarray(toks), gain, src)
+        return best[0], best[2]
+
     def _plan(self, req_ids: list[str], histories: list[np.ndarray], dflash: np.ndarray | None,
               extra_tokens: int) -> tuple[list[np.ndarray], list[str], list[int]]:
         """Per request the source with the larger expected accepted length, then the lengths (plan_lengths)."""

@@ -32,8 +32,8 @@ class AcceptanceModel:
         self.k_max = k_max
         self.decay, self.request_decay, self.prior_weight = decay, request_decay, prior_weight
         prior = prior or {"dflash": 0.5, "ngram": 0.7}  # optimistic start: every source gets tried
-        self.acc = {s: np.full(k_max, prior[s] * 8.0) for s in SOURCES}  # 8 pseudo observations each
-        self.att = {s: np.full(k_max, 8.0) for s in SOURCES}
+        self.acc = {s: np.full(k_max, p * 8.0) for s, p in prior.items()}  # 8 pseudo observations each
+        self.att = {s: np.full(k_max, 8.0) for s in prior}
         self.req: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
 
     def global_rates(self, source: str) -> np.ndarray:  # [k_max]
@@ -157,8 +157,11 @@ class SpeculationGuard:
         p, o = self.rate["plan"], self.rate["off"]
         return "off" if (p is not None and o is not None and o > p) else "plan"
 
-    def record(self, tokens: float, seconds: float) -> None:
-        """One verified step of the current arm: output tokens it produced and its wall time."""
+    def record(self, tokens: float, seconds: float, arm: str | None = None) -> None:
+        """One verified step of the current arm: output tokens it produced and its wall time. `arm`: the arm that
+        decided the step, when it was decided steps earlier (overlap scheduling); a step of another arm is dropped."""
+        if arm is not None and arm != self.arm:
+            return
         self._n += 1
         self._tokens += tokens
         self._seconds += seconds

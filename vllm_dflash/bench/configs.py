@@ -70,9 +70,13 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
     BenchConfig("ours-adaptive", "vllm_dflash drafter, adaptive: per request DFlash block or prompt lookup, "
                 "0..k tokens from acceptance and an online step-cost model (synchronous scheduling)", method="dflash",
                 env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
+    BenchConfig("ours-adaptive-overlap", "vllm_dflash drafter, adaptive with overlap scheduling: the drafter picks "
+                "the source, our AsyncScheduler subclass plans 0..k tokens per request", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},
+                uses_draft=True),
 ]}
 
-DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive")
+DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive", "ours-adaptive-overlap")
 
 
 def select(names: list[str], spec_extra: Sequence[str] = (), env_extra: Sequence[str] = ()) -> list[BenchConfig]:

@@ -171,9 +171,9 @@ def _patch_cpu_expand_kernel() -> None:
 # --------------------------------------------------------------------------- patch 6
 def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
     """Overlap (async) scheduling on CPU: VLLM_DFLASH_OVERLAP=auto (default) turns it on for our DFlash drafter
-    (fixed block; adaptive drafting runs synchronously),
-    1 wherever vLLM's own rules allow it, 0 never (vLLM's CPU default). `--no-async-scheduling` always wins:
-    vLLM has already decided False before the platform hook runs."""
+    with a fixed block (adaptive drafting stays synchronous under auto: see docs/ADAPTIVE.md for the measurement),
+    1 wherever vLLM's own rules allow it (adaptive included: lengths then come from our scheduler), 0 never (vLLM's
+    CPU default). `--no-async-scheduling` always wins: vLLM has already decided False before the hook runs."""
     from vllm_dflash.integration.drafter_select import selected_drafter
 
     mode = os.environ.get("VLLM_DFLASH_OVERLAP", "auto")
@@ -182,15 +182,27 @@ def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
     from vllm_dflash.integration.proposer import adaptive_mode
 
     adaptive = adaptive_mode() is not None and selected_drafter() == "ours"
-    if mode == "1" and adaptive:
-        raise ValueError("VLLM_DFLASH_OVERLAP=1 with speculative_config.adaptive: adaptive drafting reads the committed "
-                         "token history when drafting and needs synchronous scheduling. Fix: drop one of the two")
-    if not vllm_decided or mode == "0" or adaptive:
+    if not vllm_decided or mode == "0" or (adaptive and mode == "auto"):
         return False
     if mode == "1":
         return True
     spec = vllm_config.speculative_config
     return spec is not None and spec.method == "dflash" and selected_drafter() == "ours"
+
+
+def use_adaptive_scheduler(vllm_config) -> None:
+    """Adaptive drafting under async scheduling: each request's draft length is the scheduler's decision, so our
+    drafter comes with our AsyncScheduler subclass, set through vLLM's own `scheduler_config.scheduler_cls`
+    (a user's explicit class is kept; the drafter then refuses to start with a clear error)."""
+    from vllm_dflash.integration.drafter_select import selected_drafter
+    from vllm_dflash.integration.proposer import ADAPTIVE_SCHEDULER, adaptive_mode
+
+    sched, spec = vllm_config.scheduler_config, vllm_config.speculative_config
+    if (sched.async_scheduling and sched.scheduler_cls is None and spec is not None and spec.method == "dflash"
+            and selected_drafter() == "ours" and adaptive_mode() is not None):
+        sched.scheduler_cls = ADAPTIVE_SCHEDULER
+        logger.info("vllm_dflash: adaptive drafting with overlap: per-request draft lengths from %s",
+                    ADAPTIVE_SCHEDULER)
 
 
 def _patch_cpu_async_scheduling() -> None:
@@ -207,6 +219,7 @@ def _patch_cpu_async_scheduling() -> None:
         if overlap_wanted(vllm_config, decided):
             vllm_config.scheduler_config.async_scheduling = True
             logger.info("vllm_dflash: overlap (async) scheduling ON on CPU (VLLM_DFLASH_OVERLAP=0 turns it off)")
+        use_adaptive_scheduler(vllm_config)
 
     check_and_update_config._vllm_dflash_patched = True
     platform.check_and_update_config = classmethod(check_and_update_config)
@@ -260,7 +273,8 @@ PATCHES: list[Patch] = [
         why="vLLM 0.32 forces async scheduling off on CPU ('not required'). With speculation, the engine process "
             "(its own core in vLLM's CPU layout) can schedule step N+1 and process step N-1's output while the "
             "worker runs step N. We keep vLLM's own async decision for our fixed-block DFlash drafter "
-            "(VLLM_DFLASH_OVERLAP: auto|1|0; adaptive drafting stays synchronous); vLLM's V1 async path (batch "
+            "(VLLM_DFLASH_OVERLAP: auto|1|0; adaptive drafting is synchronous under auto and, with 1, gets our "
+            "AsyncScheduler subclass through scheduler_config.scheduler_cls); vLLM's V1 async path (batch "
             "queue, draft-token placeholders) is used unchanged.",
         removal="when vLLM enables async scheduling on CPU itself (or exposes a platform opt-in)",
         apply=_patch_cpu_async_scheduling,

@@ -10,8 +10,10 @@ slots), reduced-vocabulary argmax, start-up validation, metrics, and adaptive dr
 the DFlash block or a prompt-lookup proposal, and how many tokens to verify, from measured acceptance and an
 online step-cost model; see vllm_dflash/adaptive/).
 
-Adaptive drafting reads the committed token history on the host and returns per-request lists (variable
-length), so it runs with synchronous scheduling only (the overlap switch turns async off for it).
+Adaptive drafting under synchronous scheduling reads the committed token history on the host and returns
+per-request lists (variable length). Under overlap (async) scheduling the lengths are the scheduler's
+(integration/async_scheduler.py); the drafter mirrors each request's history from the verified query tokens
+(adaptive/history.py) and picks only the source, returning a full [B, K] block.
 
 Async-scheduling rule (vLLM MRv2's invariant): inputs keep the target's token count, rejected
 positions are padding, `num_rejected_tokens` stays a device tensor; `propose` does no host sync
@@ -85,14 +87,23 @@ class DFlashDrafter(DFlashProposer):
         self._runner = runner
         self.adaptive = adaptive_mode()
         self.controller = None
+        self.overlap = False
         if self.adaptive is not None:
             from vllm_dflash.adaptive.controller import AdaptiveController
 
-            if vllm_config.scheduler_config.async_scheduling:
-                raise ValueError("vllm_dflash: adaptive drafting needs synchronous scheduling (it reads the committed "
-                                 "token history when drafting). Fix: drop VLLM_DFLASH_OVERLAP=1 / "
+            sched = vllm_config.scheduler_config
+            self.overlap = bool(sched.async_scheduling)
+            if self.overlap and sched.scheduler_cls != ADAPTIVE_SCHEDULER:
+                raise ValueError("vllm_dflash: adaptive drafting with async scheduling needs our scheduler (it decides "
+                                 f"each request's draft length). Fix: --scheduler-cls {ADAPTIVE_SCHEDULER}, or drop "
                                  "--async-scheduling, or drop speculative_config.adaptive")
             self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics)
+            if self.overlap:
+                from vllm_dflash.adaptive.history import TokenHistory
+
+                self.history = TokenHistory()
+                self._seen: dict[str, int] = {}
+                self._calls = 0
         logger.info("vllm_dflash: our DFlash drafter is active (draft %s; block size %d, %d draft tokens/step, "
                     "diffusion steps %d, confidence threshold %.2f, target layers %s, mask id %d)",
                     spec.draft_model_config.model, self.dflash.block_size, self.num_speculative_tokens,
@@ -100,7 +111,8 @@ class DFlashDrafter(DFlashProposer):
                     self.dflash.mask_token_id)
         if self.controller is not None:
             logger.info("vllm_dflash: adaptive drafting ON (sources: %s; per-request length 0..%d from acceptance and "
-                        "an online step-cost model)", self.adaptive, self.num_speculative_tokens)
+                        "an online step-cost model; lengths planned in the %s)", self.adaptive,
+                        self.num_speculative_tokens, "scheduler (overlap)" if self.overlap else "drafter (synchronous)")
 
     def _inner(self):
         m = self.model
@@ -138,9 +150,15 @@ class DFlashDrafter(DFlashProposer):
         model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
         self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
         if K == 0:
+            if self.overlap:  # no drafts next step, but this step's tokens and outcomes must still be seen
+                self._adaptive_overlap(None, 0, target_token_ids, target_positions, next_token_ids,
+                                       common_attn_metadata, num_rejected_tokens_gpu)
             return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
         if self.controller is not None and not self.controller.want_dflash(batch_size):
             self.metrics.inc("draft_steps")
+            if self.overlap:
+                return self._adaptive_overlap(None, K, target_token_ids, target_positions, next_token_ids,
+                                              common_attn_metadata, num_rejected_tokens_gpu)
             return self._adaptive(None, K, target_positions, next_token_ids, common_attn_metadata,
                                   num_rejected_tokens_gpu)
 
@@ -180,6 +198,9 @@ class DFlashDrafter(DFlashProposer):
         self.metrics.inc("draft_steps")
         if self.controller is not None:
             self._last_draft_probs = None  # adaptive drafts are one-hot (lossless under rejection sampling)
+            if self.overlap:
+                return self._adaptive_overlap(drafts, K, target_token_ids, target_positions, next_token_ids,
+                                              common_attn_metadata, num_rejected_tokens_gpu)
             return self._adaptive(drafts, K, target_positions, next_token_ids, common_attn_metadata,
                                   num_rejected_tokens_gpu)
         self.metrics.flush()
@@ -223,6 +244,61 @@ class DFlashDrafter(DFlashProposer):
             out[i] = toks
         self.metrics.flush()
         return out
+
+
+    def _adaptive_overlap(self, drafts, K, target_token_ids, target_positions, next_token_ids, cad,
+                          num_rejected) -> torch.Tensor:
+        """Adaptive drafting under overlap scheduling: per request the source (DFlash block or prompt lookup) of a
+        full K-token proposal; the scheduler has already decided how many of them the next step verifies.
+
+        The request's history is mirrored from this step's verified query tokens (`TokenHistory`: the host copy
+        of the tokens lags under async scheduling). Its query is [previous sampled token, k drafts]: k drafts
+        were verified (0 after a prefill chunk, when no proposal was pending) and k - rejected accepted.
+        -> [B, K] int64. Rows of partial prefills hold filler (the runner discards their drafts)."""
+        batch = self._runner.input_batch
+        B = cad.num_reqs
+        self._calls += 1
+        qsl = cad.query_start_loc_cpu[: B + 1].tolist()
+        rej = num_rejected.tolist() if num_rejected is not None else [0] * B
+        pos_t = target_positions if target_positions.dim() == 1 else target_positions[0]
+        pos = pos_t.cpu().numpy()
+        toks = target_token_ids.cpu().numpy()
+        bonus = next_token_ids.tolist()
+        out = np.empty((B, K), dtype=np.int64)
+        out[:] = np.asarray(bonus, dtype=np.int64)[:, None]
+        rows, req_ids, hists, verified = [], [], [], []
+        for i in range(B):
+            rid = batch.req_ids[i]
+            s, e = qsl[i], qsl[i + 1]
+            end = e - int(rej[i])
+            if e <= s or end <= s:
+                continue
+            self._seen[rid] = self._calls
+            n_prompt = int(batch.num_prompt_tokens[i])
+            if rid not in self.history:
+                self.history.start(rid, batch.token_ids_cpu[i, :n_prompt])
+            if int(pos[end - 1]) + 1 < n_prompt:
+                continue  # partial prefill: its drafts are discarded
+            hists.append(self.history.commit(rid, int(pos[s]), toks[s:end], int(bonus[i])))
+            k = min(e - s - 1, self.controller.k_max) if rid in self.controller._pending else 0
+            verified.append((k, k - int(rej[i])))
+            rows.append(i)
+            req_ids.append(rid)
+        block = drafts.cpu().numpy()[rows] if drafts is not None else None
+        if rows and K:
+            out[rows] = self.controller.step_overlap(req_ids, hists, block, verified)
+        elif rows:
+            self.controller.score_overlap(req_ids, verified)
+        if self._calls % 64 == 0:  # requests not seen for 64 steps: finished or long preempted
+            gone = [r for r, t in self._seen.items() if t < self._calls - 64]
+            self.history.drop(gone)
+            for r in gone:
+                del self._seen[r]
+        self.metrics.flush()
+        return torch.from_numpy(out).to(next_token_ids.device)
+
+
+ADAPTIVE_SCHEDULER = "vllm_dflash.integration.async_scheduler.AdaptiveAsyncScheduler"
 
 
 def adaptive_mode() -> str | None:

@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`LengthPlanner`: adaptive draft lengths decided in the scheduler, for overlap (async) scheduling.
+
+Under async scheduling vLLM's scheduler reserves each request's draft slots (placeholders) for step N+1 while step N
+is still running, so the number of drafts a request verifies is the scheduler's choice, not the drafter's (see
+docs/ADAPTIVE.md). This class is that choice, free of vLLM:
+
+- **Acceptance** per request and position, from what the scheduler sees in each step's output: k drafts were
+  verified and the request produced g tokens, so g - 1 drafts were accepted. It does not see which source (DFlash
+  block or prompt lookup) the drafter used, so it keeps the rates per *context* instead: whether prompt lookup finds
+  a match in the request's tokens as the scheduler knows them (`CONTEXTS`; two steps behind the drafter's view).
+  On code a copy span lasts many steps, so a match there predicts a long accepted prompt-lookup proposal, and no
+  match predicts the DFlash block's (lower) acceptance.
+- **Step cost** T(n) = alpha + beta * n from the time between consecutive step outputs (under overlap the worker
+  runs steps back to back, so that gap is the step's duration) and the tokens the step scheduled.
+- **Plan**: `plan_lengths` over every decoding request, then a `SpeculationGuard` per batch-size bucket that
+  compares realised output tokens/s against no speculation, as in the synchronous controller.
+
+Outcomes arrive two steps after the plan that caused them (the scheduler plans step N+1 before it has processed
+step N-1's output); each step's decision (bucket, arm) travels with it so the guard scores the arm that ran."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
+                                         cumulative_acceptance, plan_lengths)
+
+ANY = "any"  # context when prompt lookup is not a source (adaptive "dflash")
+CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's per-source ones
+
+
+class LengthPlanner:
+    def __init__(self, k_max: int, metrics=None, clock=time.perf_counter):
+        self.k_max = k_max
+        self.acceptance = AcceptanceModel(k_max, prior=dict(CONTEXTS))
+        self.cost = StepCostModel()
+        self.guards: dict[int, SpeculationGuard] = {}
+        self.metrics, self.clock = metrics, clock
+        self._last_t: float | None = None
+        self._steps = 0
+
+    def guard(self, bucket: int) -> SpeculationGuard:
+        g = self.guards.get(bucket)
+        if g is None:
+            g = self.guards[bucket] = SpeculationGuard()
+        return g
+
+    def observe(self, decision: tuple | None, outcomes: list[tuple[str, int, int]], num_tokens: int,
+                tokens_out: int, decode_only: bool) -> None:
+        """One step's output. decision: (bucket, arm, {req_id: context}) of the plan that set its drafts (None:
+        unknown);
+        outcomes: (req_id, drafts verified, drafts accepted) per request that verified drafts; num_tokens: query
+        tokens the step fed the target; tokens_out: tokens it produced; decode_only: no prefill chunk in it."""
+        now = self.clock()
+        dt = None if self._last_t is None else now - self._last_t
+        self._last_t = now
+        ctx = decision[2] if decision is not None else {}
+        for rid, k, a in outcomes:
+            self.acceptance.observe(rid, ctx.get(rid, ANY), k, max(0, min(a, k)))
+        if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens) + 0.05:
+            return  # a prefill step's time is not a decode cost; a long gap is idle time, not a step
+        self.cost.observe(num_tokens, dt)
+        if decision is not None:
+            bucket, arm, _ = decision
+            self.guard(bucket).record(tokens_out, dt, arm=arm)
+
+    def plan(self, req_ids: list[str], extra_tokens: int = 0,
+             contexts: list[str] | None = None) -> tuple[list[int], tuple]:
+        """Drafts each decoding request verifies next step; contexts[r] in CONTEXTS (default ANY).
+        -> (k per request, the decision (bucket, arm, {req_id: context}) to hand back to `observe`)."""
+        self._steps += 1
+        contexts = contexts or [ANY] * len(req_ids)
+        bucket = batch_bucket(len(req_ids))
+        g = self.guard(bucket)
+        if not req_ids or g.arm == "off":
+            ks = [0] * len(req_ids)
+        else:
+            gains = [cumulative_acceptance(self.acceptance.rates(r, c), self.k_max) for r, c in zip(req_ids, contexts)]
+            ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+        if self.metrics is not None:
+            for k in ks:
+                self.metrics.observe("draft_tokens_per_request", float(k))
+            self._count("proposals_none", sum(1 for k in ks if k == 0))
+            self.metrics.set("cost_fixed_ms", self.cost.alpha * 1e3)
+            self.metrics.set("cost_per_token_ms", self.cost.beta * 1e3)
+            for arm in g.ARMS:
+                if g.rate[arm] is not None:
+                    self.metrics.set(f"guard_{arm}_tokens_per_s", g.rate[arm])
+        return ks, (bucket, g.arm, dict(zip(req_ids, contexts)))
+
+    def forget(self, live_req_ids) -> None:
+        """Drop the state of requests that are gone (call now and then with the live ids)."""
+        live = set(live_req_ids)
+        for rid in [r for r in self.acceptance.req if r not in live]:
+            self.acceptance.forget(rid)
+
+    def _count(self, name: str, n: float = 1.0) -> None:
+        if self.metrics is not None and n:
+            self.metrics.inc(name, n)
+
+
+def expected_accepted(planner: LengthPlanner, req_id: str, k: int, context: str = ANY) -> float:
+    """E[accepted drafts] of request `req_id` verifying k drafts in `context` (for tests and logs)."""
+    return float(np.sum(cumulative_acceptance(planner.acceptance.rates(req_id, context), k)))
