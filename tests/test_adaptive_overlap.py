@@ -52,6 +52,20 @@ def test_step_overlap_picks_the_source_and_pads_to_k():
     assert "c" not in c2._pending  # no proposal: nothing to score
 
 
+def test_draft_forward_runs_only_while_dflash_blocks_get_verified():
+    c = AdaptiveController(k_max=2, mode="both", probe_every=1000)
+    hist = np.array([5, 6, 7, 5, 6], dtype=np.int64)
+    block = np.array([[40, 41]])
+    c.acceptance.acc["ngram"][:] = 0.0  # prompt lookup looks useless: the drafter proposes the DFlash block
+    c.step_overlap(["a"], [hist], block, [(0, 0)])
+    assert c._pending["a"].source == "dflash"
+    c.step_overlap(["a"], [hist], block, [(2, 1)])  # the scheduler verified the block
+    assert c.want_dflash(1)
+    for _ in range(2):  # the scheduler now gives the request k = 0: the block is drafted for nothing
+        c.step_overlap(["a"], [hist], block, [(0, 0)])
+    assert not c.want_dflash(1)
+
+
 def test_length_planner_learns_per_request_and_guard_turns_off():
     t = [0.0]
     p = LengthPlanner(k_max=4, clock=lambda: t[0])

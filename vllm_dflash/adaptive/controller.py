@@ -138,9 +138,8 @@ class AdaptiveController:
         step just verified, drafts accepted) for the request's previous proposal. A prompt-lookup proposal shorter
         than k_max is padded with the DFlash block's tail (or its own last token); the scheduler's per-request
         acceptance learns how far such a mix gets accepted."""
-        self.score_overlap(req_ids, verified)
+        verified_dflash = self.score_overlap(req_ids, verified)
         out = np.empty((len(req_ids), self.k_max), dtype=np.int64)
-        chose_dflash = False
         for i, (rid, hist) in enumerate(zip(req_ids, histories)):
             toks, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
             n = len(toks)
@@ -150,24 +149,29 @@ class AdaptiveController:
                 out[i, n:] = fill if fill is not None else (toks[-1] if n else (hist[-1] if hist is not None else 0))
             if src != "none":
                 self._pending[rid] = _Pending(0, out[i].copy(), src)
-            chose_dflash |= src == "dflash"
-        self._since_dflash_chosen = 0 if chose_dflash else self._since_dflash_chosen + 1
+        # the draft forward keeps running while the scheduler verifies DFlash proposals (else: a probe every
+        # `probe_every` steps); a block drafted for requests the scheduler gives k = 0 is pure cost
+        self._since_dflash_chosen = 0 if verified_dflash else self._since_dflash_chosen + 1
         if self._steps % 64 == 0:
             live = set(req_ids)
             self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
         return out
 
-    def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> None:
-        """Score each request's pending proposal: (drafts verified this step, drafts accepted)."""
+    def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> bool:
+        """Score each request's pending proposal: (drafts verified this step, drafts accepted).
+        -> whether any verified proposal was a DFlash block."""
         self._steps += 1
+        dflash = False
         for rid, (k, a) in zip(req_ids, verified):
             p = self._pending.pop(rid, None)
             if p is not None and k > 0:
+                dflash |= p.source == "dflash"
                 a = max(0, min(a, k))
                 self.acceptance.observe(rid, p.source, k, a)
                 self._count(f"proposals_{p.source}")
                 self._count(f"drafted_tokens_{p.source}", k)
                 self._count(f"accepted_tokens_{p.source}", a)
+        return dflash
 
     def _choose(self, rid: str, hist: np.ndarray | None, block: np.ndarray | None) -> tuple[np.ndarray, str]:
         """The source with the larger expected accepted length for this request. -> (its tokens, source)."""
