@@ -186,7 +186,9 @@ def test_bench_quick_tiny_pair(pair, tmp_path):
 def test_time_split_table():
     row = {"ok": True, "prompt_set": "chat", "concurrency": 1, "config": "ours",
            "time_split_s": {"draft_forward": 2.0, "kv_injection": 0.5, "wall": 10.0}}
-    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 75% |" in report.render_time_split([row])
+    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | – | 75% |" in report.render_time_split([row])
+    timed = {**row, "time_split_s": {**row["time_split_s"], "target_forward": 6.0}}  # VLLM_DFLASH_PROFILE=1
+    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 60% | 15% |" in report.render_time_split([timed])
     assert report.render_time_split([{**row, "time_split_s": None}]) is None
 
 

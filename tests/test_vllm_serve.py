@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """`vllm serve` with our drafter (default multi-process layout: API server, engine core, worker):
 completions and chat, streaming and not, greedy output equal to vLLM without speculation, an aborted
-stream that leaves the server healthy, and our metrics on /metrics from the worker processes."""
+stream that leaves the server healthy, and our metrics on /metrics from the worker processes (with the target
+forward timed, VLLM_DFLASH_PROFILE=1)."""
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ def test_serve_end_to_end(pair, tmp_path):
     (base,) = run_vllm([{"model": target, "prompts": PROMPTS, "max_tokens": 32, "ignore_eos": False}])
     spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7}
     srv = Server(target, speculative_config=spec, log_path=str(tmp_path / "serve.log"), max_model_len=1024,
-                 env={"OMP_NUM_THREADS": "1"})
+                 env={"OMP_NUM_THREADS": "1", "VLLM_DFLASH_PROFILE": "1"})
     srv.start(timeout=400)
     try:
         client = OpenAI(base_url=srv.url + "/v1", api_key="none")
@@ -52,6 +53,9 @@ def test_serve_end_to_end(pair, tmp_path):
         assert m["vllm:spec_decode_num_accepted_tokens_total"] > 0
         assert m["vllm_dflash:draft_forward_seconds_count"] > 0, "worker-side metrics missing on /metrics"
         assert m["vllm_dflash:kv_injection_seconds_count"] > 0
+        # VLLM_DFLASH_PROFILE=1: every target forward timed in the worker (one per step, prefill included)
+        assert m["vllm_dflash:target_forward_seconds_count"] >= m["vllm_dflash:draft_forward_seconds_count"] > 0
+        assert m["vllm_dflash:target_forward_seconds_sum"] > 0
         assert m["vllm_dflash:accepted_tokens_per_step_count"] > 0, "engine-core metrics missing on /metrics"
         assert m["vllm_dflash:block_size"] == 8 and m["vllm_dflash:diffusion_steps"] == 1
         assert m.get("vllm:num_requests_running", 0) == 0

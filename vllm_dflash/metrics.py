@@ -36,6 +36,8 @@ ACCEPT_BUCKETS = tuple(float(i) for i in range(0, 17))
 HISTOGRAMS = {
     "draft_forward_seconds": ("Draft forward time per drafting step (all denoising passes).", LATENCY_BUCKETS),
     "kv_injection_seconds": ("Context K/V injection time per drafting step.", LATENCY_BUCKETS),
+    "target_forward_seconds": ("Target model forward time per engine step (verification included); recorded with "
+                               "VLLM_DFLASH_PROFILE=1 on CPU only.", LATENCY_BUCKETS),
     "accepted_tokens_per_step": ("Accepted draft tokens per request per verify step.", ACCEPT_BUCKETS),
     "draft_tokens_per_request": ("Adaptive drafting: draft tokens chosen per request per step (0 = none).",
                                  ACCEPT_BUCKETS),

@@ -83,19 +83,21 @@ def render_adaptive(runs: list[dict[str, Any]]) -> str | None:
 
 
 def render_time_split(runs: list[dict[str, Any]]) -> str | None:
-    """Where the wall time of our drafter's runs goes: draft forward, KV injection (both measured in the worker),
-    and the rest (target verification, sampling, scheduling and host work)."""
+    """Where the wall time of our drafter's runs goes, all measured in the worker: draft forward, KV injection,
+    target forward (verification: the target's pass over [token, drafts] per request), and the rest (sampling,
+    rejection, input preparation, scheduling and other host work not overlapped)."""
     rows = [r for r in runs if r.get("ok") and r.get("time_split_s")]
     if not rows:
         return None
-    lines = ["| prompts | concurrency | configuration | wall s | draft forward | KV injection | verify + host |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| prompts | concurrency | configuration | wall s | draft forward | KV injection | target forward "
+             "(verify) | host + other |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["time_split_s"]
         w = t["wall"] or 1.0
-        rest = max(w - t["draft_forward"] - t["kv_injection"], 0.0)
+        tf = t.get("target_forward", 0.0)
+        rest = max(w - t["draft_forward"] - t["kv_injection"] - tf, 0.0)
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {w:.1f} | {t['draft_forward'] / w:.0%} "
-                     f"| {t['kv_injection'] / w:.1%} | {rest / w:.0%} |")
+                     f"| {t['kv_injection'] / w:.1%} | {_f(tf / w if tf else None, '{:.0%}')} | {rest / w:.0%} |")
     return "\n".join(lines)
 
 

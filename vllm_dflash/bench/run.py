@@ -186,8 +186,8 @@ def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]]
     run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
     run["adaptive"] = stats.adaptive_delta(before, after) if cfg.method else None
     split = {k: after.get(f"vllm_dflash:{k}_seconds_sum", 0.0) - before.get(f"vllm_dflash:{k}_seconds_sum", 0.0)
-             for k in ("draft_forward", "kv_injection")}
-    draft_s = sum(split.values())
+             for k in ("draft_forward", "kv_injection", "target_forward")}
+    draft_s = split["draft_forward"] + split["kv_injection"]
     run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None
     run["time_split_s"] = {**split, "wall": run["wall_s"]} if draft_s > 0 else None
     run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
@@ -318,7 +318,8 @@ def run_from_args(a: argparse.Namespace) -> int:
     log_dir = Path(a.log_dir or REPO / "runs" / "bench_serving" / a.name)
     log_dir.mkdir(parents=True, exist_ok=True)
     base_env: dict[str, str | None] = {"OMP_NUM_THREADS": str(a.threads), "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib),
-                                       "TOKENIZERS_PARALLELISM": "false", **{e: None for e in PLUGIN_ENV}}
+                                       "TOKENIZERS_PARALLELISM": "false", **{e: None for e in PLUGIN_ENV},
+                                       "VLLM_DFLASH_PROFILE": "1"}  # target forward timed (with our drafter)
     if a.cpu_bind:
         base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)

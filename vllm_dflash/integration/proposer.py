@@ -126,6 +126,31 @@ class DFlashDrafter(DFlashProposer):
         if not isinstance(self._inner(), DFlashDraftForVllm):
             raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
                                "model registration overridden? (check VLLM_PLUGINS)")
+        if os.environ.get("VLLM_DFLASH_PROFILE") == "1":
+            self._time_target_forward(target_model)
+
+    def _time_target_forward(self, target_model) -> None:
+        """VLLM_DFLASH_PROFILE=1 (the serving benchmark sets it): time every target forward into the histogram
+        `target_forward_seconds`, so a profile can split verification from host work. CPU and eager mode only (a
+        host clock around an asynchronous GPU launch or a compiled graph would not measure the forward); it
+        wraps this model instance's `forward`, not a vLLM class."""
+        if self.timer.cuda or not self.vllm_config.model_config.enforce_eager or not isinstance(
+                target_model, torch.nn.Module):
+            logger.warning("vllm_dflash: VLLM_DFLASH_PROFILE=1 times the target forward only on CPU in eager mode "
+                           "(--enforce-eager); not timing it here")
+            return
+        inner = target_model.forward
+        sink = self.metrics
+
+        def forward(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                sink.observe("target_forward_seconds", time.perf_counter() - t0)
+
+        target_model.forward = forward
+        logger.info("vllm_dflash: VLLM_DFLASH_PROFILE=1: timing the target forward (metric target_forward_seconds)")
 
     @override
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
