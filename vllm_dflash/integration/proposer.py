@@ -270,7 +270,6 @@ class DFlashDrafter(DFlashProposer):
         self.metrics.flush()
         return out
 
-
     def _adaptive_overlap(self, drafts, K, target_token_ids, target_positions, next_token_ids, cad,
                           num_rejected) -> torch.Tensor:
         """Adaptive drafting under overlap scheduling: per request the source (DFlash block or prompt lookup) of a
