@@ -11,8 +11,9 @@ drafted for it (or None when the step skipped the draft forward). The controller
   3. builds the prompt-lookup proposal, picks per request the source with the larger expected accepted length,
      and plans the lengths with `plan_lengths`.
 Every decision is counted in the metrics (sources, lengths, accepted tokens per source, cost-model fit).
-Host-side by design (numpy on token lists): used with synchronous scheduling, where the history is committed
-when the drafter runs."""
+Host-side by design (numpy on token lists). `step` serves synchronous scheduling, where the history is committed
+when the drafter runs; `step_overlap` serves overlap scheduling, where the scheduler plans the lengths
+(adaptive/lengths.py) and this controller only picks each request's source."""
 from __future__ import annotations
 
 import time
