@@ -23,7 +23,7 @@ import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, plan_lengths)
+                                         cumulative_acceptance, plan_lengths, publish_plan)
 
 MODES = ("both", "dflash", "ngram")
 
@@ -97,9 +97,7 @@ class AdaptiveController:
         if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
             ran.record(len(req_ids) + accepted, dt)
         self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
-        if self._steps % 64 == 0:  # requests that left the batch (finished, aborted, preempted): drop their state
-            live = set(req_ids)
-            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
+        self._prune(req_ids)
 
         if self.guard.arm == "off":  # measured: no speculation is faster here (or being re-measured)
             proposals, sources, ks = [None] * len(req_ids), ["none"] * len(req_ids), [0] * len(req_ids)
@@ -120,14 +118,7 @@ class AdaptiveController:
             self._count(f"proposals_{src}")
             self._count(f"drafted_tokens_{src}", k)
         self._since_dflash_chosen = 0 if chose_dflash else self._since_dflash_chosen + 1
-        if self.metrics is not None:
-            for k in ks:
-                self.metrics.observe("draft_tokens_per_request", float(k))
-            self.metrics.set("cost_fixed_ms", self.cost.alpha * 1e3)
-            self.metrics.set("cost_per_token_ms", self.cost.beta * 1e3)
-            for arm in self.guard.ARMS:
-                if self.guard.rate[arm] is not None:
-                    self.metrics.set(f"guard_{arm}_tokens_per_s", self.guard.rate[arm])
+        publish_plan(self.metrics, ks, self.cost, self.guard)
         return out
 
     def step_overlap(self, req_ids: list[str], histories: list[np.ndarray | None], dflash: np.ndarray | None,
@@ -142,7 +133,7 @@ class AdaptiveController:
         verified_dflash = self.score_overlap(req_ids, verified)
         out = np.empty((len(req_ids), self.k_max), dtype=np.int64)
         for i, (rid, hist) in enumerate(zip(req_ids, histories)):
-            toks, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
+            toks, _, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
             n = len(toks)
             out[i, :n] = toks
             if n < self.k_max:
@@ -153,9 +144,7 @@ class AdaptiveController:
         # the draft forward keeps running while the scheduler verifies DFlash proposals (else: a probe every
         # `probe_every` steps); a block drafted for requests the scheduler gives k = 0 is pure cost
         self._since_dflash_chosen = 0 if verified_dflash else self._since_dflash_chosen + 1
-        if self._steps % 64 == 0:
-            live = set(req_ids)
-            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
+        self._prune(req_ids)
         return out
 
     def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> bool:
@@ -174,9 +163,11 @@ class AdaptiveController:
                 self._count(f"accepted_tokens_{p.source}", a)
         return dflash
 
-    def _choose(self, rid: str, hist: np.ndarray | None, block: np.ndarray | None) -> tuple[np.ndarray, str]:
-        """The source with the larger expected accepted length for this request. -> (its tokens, source)."""
-        best = (np.zeros(0, dtype=np.int64), 0.0, "none")
+    def _choose(self, rid: str, hist: np.ndarray | None,
+                block: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str]:
+        """The source with the larger expected accepted length for this request.
+        -> (its tokens, P(i) = probability drafts 1..i are all accepted over them, source)."""
+        best = (np.zeros(0, dtype=np.int64), np.zeros(0), "none")
         cands = []
         if block is not None and self.mode in ("both", "dflash"):
             cands.append(("dflash", block))
@@ -184,32 +175,27 @@ class AdaptiveController:
             cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
         for src, toks in cands:
             if len(toks):
-                gain = float(cumulative_acceptance(self.acceptance.rates(rid, src), len(toks)).sum())
-                if gain > best[1]:
-                    best = (np.asarray(toks), gain, src)
-        return best[0], best[2]
+                p = cumulative_acceptance(self.acceptance.rates(rid, src), len(toks))
+                if p.sum() > best[1].sum():
+                    best = (np.asarray(toks), p, src)
+        return best
 
     def _plan(self, req_ids: list[str], histories: list[np.ndarray], dflash: np.ndarray | None,
               extra_tokens: int) -> tuple[list[np.ndarray], list[str], list[int]]:
         """Per request the source with the larger expected accepted length, then the lengths (plan_lengths)."""
         proposals, gains, sources = [], [], []
         for i, (rid, hist) in enumerate(zip(req_ids, histories)):
-            best = (np.zeros(0, dtype=np.int64), np.zeros(0), "none")
-            cands = []
-            if dflash is not None and self.mode in ("both", "dflash"):
-                cands.append(("dflash", dflash[i]))
-            if self.mode in ("both", "ngram"):
-                cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
-            for src, toks in cands:
-                if len(toks) == 0:
-                    continue
-                p = cumulative_acceptance(self.acceptance.rates(rid, src), len(toks))
-                if p.sum() > best[1].sum():
-                    best = (np.asarray(toks), p, src)
-            proposals.append(best[0])
-            gains.append(best[1])
-            sources.append(best[2])
+            toks, p, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
+            proposals.append(toks)
+            gains.append(p)
+            sources.append(src)
         return proposals, sources, plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+
+    def _prune(self, req_ids: list[str]) -> None:
+        """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""
+        if self._steps % 64 == 0:
+            live = set(req_ids)
+            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
 
     def finished(self, req_ids) -> None:
         for rid in req_ids:

@@ -52,6 +52,3 @@ class TokenHistory:
             self._buf.pop(rid, None)
             self._len.pop(rid, None)
             self._broken.discard(rid)
-
-    def req_ids(self) -> list[str]:
-        return list(self._buf)

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, plan_lengths)
+                                         cumulative_acceptance, plan_lengths, publish_plan)
 
 ANY = "any"  # context when prompt lookup is not a source (adaptive "dflash")
 CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's per-source ones
@@ -79,15 +79,8 @@ class LengthPlanner:
         else:
             gains = [cumulative_acceptance(self.acceptance.rates(r, c), self.k_max) for r, c in zip(req_ids, contexts)]
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
-        if self.metrics is not None:
-            for k in ks:
-                self.metrics.observe("draft_tokens_per_request", float(k))
-            self._count("proposals_none", sum(1 for k in ks if k == 0))
-            self.metrics.set("cost_fixed_ms", self.cost.alpha * 1e3)
-            self.metrics.set("cost_per_token_ms", self.cost.beta * 1e3)
-            for arm in g.ARMS:
-                if g.rate[arm] is not None:
-                    self.metrics.set(f"guard_{arm}_tokens_per_s", g.rate[arm])
+        self._count("proposals_none", sum(1 for k in ks if k == 0))
+        publish_plan(self.metrics, ks, self.cost, g)
         return ks, (bucket, g.arm, dict(zip(req_ids, contexts)))
 
     def forget(self, live_req_ids) -> None:

@@ -197,3 +197,17 @@ def batch_bucket(num_reqs: int) -> int:
 def cumulative_acceptance(cond: np.ndarray, length: int) -> np.ndarray:
     """P(i) = prod_{j<=i} cond[j] for i = 1..length -> [length]."""
     return np.cumprod(np.clip(cond[:length], 0.0, 1.0))
+
+
+def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: SpeculationGuard) -> None:
+    """One step's plan into the metrics (any object with observe/set; None: nothing): the chosen lengths, the
+    current step-cost fit and the guard's measured rates. Shared by the drafter's and the scheduler's planners."""
+    if metrics is None:
+        return
+    for k in ks:
+        metrics.observe("draft_tokens_per_request", float(k))
+    metrics.set("cost_fixed_ms", cost.alpha * 1e3)
+    metrics.set("cost_per_token_ms", cost.beta * 1e3)
+    for arm in guard.ARMS:
+        if guard.rate[arm] is not None:
+            metrics.set(f"guard_{arm}_tokens_per_s", guard.rate[arm])
