@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Adaptive drafting under overlap scheduling, without vLLM: the drafter's token-history mirror, its source choice
-(`AdaptiveController.step_overlap`), the scheduler-side `LengthPlanner`, and the guard's arm filter."""
+(`AdaptiveController.plan_overlap` / `propose_overlap`) and draft-forward decision, the scheduler-side
+`LengthPlanner`, and the guard's arm filter."""
 import numpy as np
 
 from vllm_dflash.adaptive.controller import AdaptiveController
@@ -30,40 +31,67 @@ def test_history_hole_disables_the_request():
     assert "r" not in h
 
 
-def test_step_overlap_picks_the_source_and_pads_to_k():
+def _overlap(c, req_ids, hists, block, verified, forwards=None):
+    """One overlap step as the drafter runs it: plan, the draft forward only if the plan needs it, propose."""
+    plan = c.plan_overlap(req_ids, hists, verified)
+    if plan.needs_block and forwards is not None:
+        forwards.append(len(req_ids))
+    anchors = np.array([h[-1] if h is not None else 0 for h in hists], dtype=np.int64)
+    return c.propose_overlap(plan, block if plan.needs_block else None, anchors)
+
+
+def test_overlap_picks_the_source_and_pads_to_k():
     c = AdaptiveController(k_max=4, mode="both")
     hist = np.array([5, 6, 7, 8, 9, 5, 6, 7], dtype=np.int64)  # suffix [5, 6, 7] occurred: lookup -> [8, 9, 5, 6]
     block = np.array([[40, 41, 42, 43]])
-    out = c.step_overlap(["a"], [hist], block, [(0, 0)])
+    out = _overlap(c, ["a"], [hist], block, [(0, 0)])
     assert out.tolist() == [[8, 9, 5, 6]]  # n-gram prior 0.7 beats DFlash 0.5 at equal length
     assert c._pending["a"].source == "ngram"
     # the scheduler verified 3 of them and 0 were accepted: n-gram acceptance of this request falls, DFlash wins
     for _ in range(6):
-        out = c.step_overlap(["a"], [hist], block, [(3, 0)])
+        out = _overlap(c, ["a"], [hist], block, [(3, 0)])
         if c._pending["a"].source == "dflash":
             break
     assert out.tolist() == [[40, 41, 42, 43]] and c._pending["a"].source == "dflash"
     assert c.acceptance.rates("a", "ngram")[0] < 0.3
-    # a short lookup is padded with the block's tail; no block and no lookup -> the last token repeated
+    # a short lookup alone is padded with its last token; no lookup -> the anchor (newest token) repeated
     c2 = AdaptiveController(k_max=4, mode="ngram")
     short = np.array([1, 2, 3, 1, 2], dtype=np.int64)  # [1, 2] -> [3, 1, 2] (3 tokens)
-    assert c2.step_overlap(["b"], [short], None, [(0, 0)]).tolist() == [[3, 1, 2, 2]]
-    assert c2.step_overlap(["c"], [np.array([1, 2, 3], dtype=np.int64)], None, [(0, 0)]).tolist() == [[3, 3, 3, 3]]
+    assert _overlap(c2, ["b"], [short], None, [(0, 0)]).tolist() == [[3, 1, 2, 2]]
+    assert _overlap(c2, ["c"], [np.array([1, 2, 3], dtype=np.int64)], None, [(0, 0)]).tolist() == [[3, 3, 3, 3]]
     assert "c" not in c2._pending  # no proposal: nothing to score
 
 
-def test_draft_forward_runs_only_while_dflash_blocks_get_verified():
-    c = AdaptiveController(k_max=2, mode="both", probe_every=1000)
-    hist = np.array([5, 6, 7, 5, 6], dtype=np.int64)
-    block = np.array([[40, 41]])
-    c.acceptance.acc["ngram"][:] = 0.0  # prompt lookup looks useless: the drafter proposes the DFlash block
-    c.step_overlap(["a"], [hist], block, [(0, 0)])
-    assert c._pending["a"].source == "dflash"
-    c.step_overlap(["a"], [hist], block, [(2, 1)])  # the scheduler verified the block
-    assert c.want_dflash(1)
-    for _ in range(2):  # the scheduler now gives the request k = 0: the block is drafted for nothing
-        c.step_overlap(["a"], [hist], block, [(0, 0)])
-    assert not c.want_dflash(1)
+def test_overlap_merges_short_lookups_with_the_block():
+    """'both' and 'merged': a lookup shorter than k is completed by the DFlash block (slots m..k-1), and the merged
+    source is scored on its own when the scheduler reports the outcome."""
+    short = np.array([1, 2, 3, 1, 2], dtype=np.int64)  # [1, 2] -> [3, 1, 2]
+    block = np.array([[40, 41, 42, 43]])
+    for mode in ("both", "merged"):
+        c = AdaptiveController(k_max=4, mode=mode)
+        assert _overlap(c, ["a"], [short], block, [(0, 0)]).tolist() == [[3, 1, 2, 43]], mode
+        assert c._pending["a"].source == "merged"
+        _overlap(c, ["a"], [short], block, [(4, 3)])
+        assert c.acceptance.req["a"].keys() == {"merged"}
+
+
+def test_overlap_draft_forward_follows_this_steps_lookup():
+    """No probing schedule: the block is drafted in exactly the steps where some request's chosen proposal holds
+    DFlash tokens, decided from this step's lookups (and never for prompt lookup alone)."""
+    full = np.array([5, 6, 7, 8, 9, 10, 5, 6], dtype=np.int64)  # [5, 6] -> [7, 8, 9, 10]: all 4 slots
+    block = np.full((2, 4), 99)
+    c = AdaptiveController(k_max=4, mode="both")
+    forwards = []
+    for _ in range(4):
+        _overlap(c, ["a", "b"], [full, full], block, [(4, 4), (4, 4)], forwards)
+    assert forwards == []
+    _overlap(c, ["a", "b"], [full, np.array([1, 2, 3], dtype=np.int64)], block, [(4, 4), (4, 4)], forwards)
+    assert forwards == [2]
+    _overlap(c, ["a", "b"], [full, None], block, [(4, 4), (0, 0)], forwards)  # an incomplete history: no lookup
+    assert forwards == [2, 2]
+    n = AdaptiveController(k_max=4, mode="ngram")
+    _overlap(n, ["a"], [np.array([1, 2, 3], dtype=np.int64)], block[:1], [(0, 0)], forwards)
+    assert forwards == [2, 2]
 
 
 def test_length_planner_learns_per_request_and_guard_turns_off():

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from vllm_dflash.adaptive.controller import AdaptiveController
+from vllm_dflash.adaptive.controller import AdaptiveController, StepPlan, merge
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
                                          plan_lengths)
@@ -99,26 +99,36 @@ class _Clock:
         return self.t
 
 
+class _Counts(dict):
+    """A metrics sink that keeps the counters."""
+
+    def inc(self, k, n=1.0):
+        self[k] = self.get(k, 0) + n
+
+    def observe(self, *a):
+        pass
+
+    def set(self, *a):
+        pass
+
+
+def _step(c, req_ids, hists, block, forwards=None, query_tokens=1):
+    """One synchronous step as the drafter runs it: plan, the draft forward only if the plan needs it, propose."""
+    plan = c.plan(req_ids, hists, query_tokens=query_tokens, decode_only=True)
+    if plan.needs_block and forwards is not None:
+        forwards.append(len(req_ids))
+    return c.propose(plan, block if plan.needs_block else None)
+
+
 def test_controller_prefers_the_source_that_gets_accepted():
     """A request whose text repeats: prompt lookup is right, the DFlash block is wrong -> n-gram wins, and the
     acceptance counters say so."""
-    counts = {}
-
-    class M:
-        def inc(self, k, n=1.0):
-            counts[k] = counts.get(k, 0) + n
-
-        def observe(self, *a):
-            pass
-
-        def set(self, *a):
-            pass
-
-    c = AdaptiveController(4, metrics=M(), clock=_Clock())
+    counts = _Counts()
+    c = AdaptiveController(4, metrics=counts, clock=_Clock())
     text = [3, 4, 5, 6, 7, 8, 9, 10] * 60
     hist = np.array(text[:17])
     for _ in range(60):
-        out = c.step(["r"], [hist], np.full((1, 4), 99), query_tokens=5, decode_only=True)
+        out = _step(c, ["r"], [hist], np.full((1, 4), 99), query_tokens=5)
         k = len(out[0])
         assert out[0] == text[len(hist): len(hist) + k] or counts.get("proposals_dflash", 0) > 0
         # the target accepts what matches `text`, then emits its own bonus token
@@ -128,14 +138,16 @@ def test_controller_prefers_the_source_that_gets_accepted():
         hist = np.array(text[: len(hist) + acc + 1])
     assert counts["accepted_tokens_ngram"] > 40 and counts.get("accepted_tokens_dflash", 0) == 0
     assert counts["proposals_ngram"] > 30 and c.guard.best == "plan"  # speculating pays: the guard keeps the plan
+    assert counts["request_steps"] == 60
 
 
 def test_controller_modes_and_errors():
     with pytest.raises(ValueError, match="adaptive mode"):
         AdaptiveController(4, mode="medusa")
-    c = AdaptiveController(4, mode="ngram")
-    assert not c.want_dflash()
-    assert AdaptiveController(4, mode="dflash").want_dflash()
+    for mode, block in [("ngram", False), ("dflash", True), ("merged", True), ("both", True)]:
+        c = AdaptiveController(4, mode=mode, clock=_Clock())
+        # no prompt-lookup match: the block is needed wherever DFlash is a source
+        assert c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True).needs_block is block, mode
 
 
 def test_guard_turns_speculation_off_when_it_is_slower():
@@ -156,9 +168,12 @@ def test_guard_turns_speculation_off_when_it_is_slower():
 def test_controller_obeys_the_guard():
     c = AdaptiveController(4, mode="ngram", clock=_Clock())
     c.guard.arm = "off"
-    hist = np.array([3, 4, 5, 6, 3, 4, 5])
-    assert c.step(["r"], [hist], None, query_tokens=1, decode_only=True) == [[]]
-    assert not c.want_dflash()
+    plan = c.plan(["r"], [np.array([3, 4, 5, 6, 3, 4, 5])], query_tokens=1, decode_only=True)
+    assert not plan.needs_block and c.propose(plan, None) == [[]]
+    d = AdaptiveController(4, mode="both", clock=_Clock())
+    d.guard.arm = "off"
+    no_match = np.array([1, 2, 3])
+    assert not d.plan(["r"], [no_match], query_tokens=1, decode_only=True).needs_block  # the guard wins
 
 
 def test_guard_backs_off_exploring_a_confirmed_loser():
@@ -190,10 +205,77 @@ def test_controller_keeps_a_guard_per_batch_size():
 
     assert [batch_bucket(n) for n in (1, 2, 3, 4, 7, 8, 31, 32)] == [0, 1, 1, 2, 2, 3, 4, 5]
     c = AdaptiveController(4, mode="ngram", clock=_Clock())
-    c.want_dflash(num_reqs=32)
-    c.guard.arm = "off"  # at batch 32 speculation was measured slower
+    c.guards[batch_bucket(32)] = SpeculationGuard()
+    c.guards[batch_bucket(32)].arm = "off"  # at batch 32 speculation was measured slower
     hist = np.array([3, 4, 5, 6, 3, 4, 5])
-    assert c.step(["r"], [hist], None, query_tokens=1, decode_only=True) == [[6, 3, 4, 5]]  # batch 1: plan
+    assert _step(c, ["r"], [hist], None) == [[6, 3, 4, 5]]  # batch 1: plan
     ids = [f"r{i}" for i in range(32)]
-    assert c.step(ids, [hist] * 32, None, query_tokens=32, decode_only=True) == [[]] * 32  # batch 32: off
+    assert _step(c, ids, [hist] * 32, None, query_tokens=32) == [[]] * 32  # batch 32: off
     assert c.guards[5].arm == "off" and c.guards[0].arm == "plan"
+
+
+def test_merge_puts_lookup_tokens_first():
+    block = np.array([40, 41, 42, 43])
+    assert merge(np.array([7, 8]), block, 4).tolist() == [7, 8, 42, 43]  # block token j stays in slot j
+    assert merge(np.zeros(0, dtype=np.int64), block, 4).tolist() == [40, 41, 42, 43]
+    assert merge(np.array([7, 8, 9, 10, 11]), block, 4).tolist() == [7, 8, 9, 10]
+    assert merge(np.array([7, 8]), None, 4).tolist() == [7, 8]  # not drafted: the lookup alone
+
+
+def test_controller_merges_short_lookups_and_tracks_merged_on_its_own():
+    """'both': a request whose lookup is shorter than k gets lookup + block tail (the merged source, prior 0.7 over
+    k tokens beats the bare lookup); one with a full lookup gets the lookup; one without a match the block. The
+    merged proposal's outcome updates the merged acceptance only."""
+    counts = _Counts()
+    c = AdaptiveController(4, mode="both", metrics=counts, clock=_Clock())
+    c.cost.alpha, c.cost.beta = 0.03, 0.0  # verification is free: every request drafts its whole proposal
+    short = np.array([1, 2, 3, 1, 2])  # [1, 2] -> [3, 1, 2]: 3 of 4 slots
+    full = np.array([5, 6, 7, 8, 9, 10, 5, 6])  # [5, 6] -> [7, 8, 9, 10]
+    none = np.array([11, 12, 13])
+    block = np.array([[40, 41, 42, 43], [50, 51, 52, 53], [60, 61, 62, 63]])
+    plan = c.plan(["s", "f", "n"], [short, full, none], query_tokens=3, decode_only=True)
+    assert plan.sources == ["merged", "ngram", "dflash"] and plan.needs_block
+    assert c.propose(plan, block) == [[3, 1, 2, 43], [7, 8, 9, 10], [60, 61, 62, 63]]
+    att = {s: c.acceptance.att[s].copy() for s in ("dflash", "ngram", "merged")}
+    # the target accepted 3, 1 (then its own token 5): 2 of the merged proposal
+    _step(c, ["s"], [np.concatenate([short, [3, 1, 5]])], block[:1])
+    assert counts["accepted_tokens_merged"] == 2 and counts["proposals_merged"] == 1
+    assert counts["drafted_tokens_merged"] == 4 and counts["request_steps"] == 4
+    assert not np.array_equal(c.acceptance.att["merged"], att["merged"])
+    assert np.array_equal(c.acceptance.att["dflash"], att["dflash"])
+    assert np.array_equal(c.acceptance.att["ngram"], att["ngram"])
+
+
+def test_merged_mode_always_merges():
+    c = AdaptiveController(4, mode="merged", clock=_Clock())
+    c.cost.alpha, c.cost.beta = 0.03, 0.0
+    block = np.array([[40, 41, 42, 43], [50, 51, 52, 53]])
+    plan = c.plan(["f", "n"], [np.array([5, 6, 7, 8, 9, 10, 5, 6]), np.array([11, 12, 13])], query_tokens=2,
+                  decode_only=True)
+    assert plan.sources == ["merged", "merged"] and plan.needs_block  # "n" has no match: the block fills all 4
+    assert c.propose(plan, block) == [[7, 8, 9, 10], [50, 51, 52, 53]]
+    plan = c.plan(["f"], [np.array([5, 6, 7, 8, 9, 10, 5, 6, 7])], query_tokens=2, decode_only=True)
+    assert not plan.needs_block  # a full lookup: the block would not be used, no draft forward
+
+
+def test_draft_forward_follows_this_steps_lookup():
+    """The draft forward runs exactly in the steps whose plan verifies a DFlash token, whatever the previous step
+    chose (no probing schedule): a full lookup for everyone -> none; a request without a match -> one."""
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c.cost.alpha, c.cost.beta = 0.03, 0.0
+    full = np.array([5, 6, 7, 8, 9, 10, 5, 6])
+    block = np.full((2, 4), 99)
+    forwards = []
+    for _ in range(5):
+        _step(c, ["a", "b"], [full, full], block, forwards)
+    assert forwards == []  # prompt lookup covered every slot of every request
+    _step(c, ["a", "b"], [full, np.array([1, 2, 3])], block, forwards)
+    assert forwards == [2]  # "b" lost its match: the block is drafted in this very step
+
+
+def test_needs_block_counts_only_verified_block_tokens():
+    look = np.array([1, 2])
+    assert not StepPlan(["r"], [0], [look], ["merged"], [2]).needs_block  # verifies only the lookup part
+    assert StepPlan(["r"], [0], [look], ["merged"], [3]).needs_block
+    assert not StepPlan(["r"], [0], [look], ["dflash"], [0]).needs_block
+    assert not StepPlan(["r"], [0], [look], ["ngram"], [2]).needs_block

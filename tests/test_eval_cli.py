@@ -46,6 +46,17 @@ def test_eval_vllm_engine(pair, prompts):
     assert ng["acceptance_length"] >= 1.0 and ng["speedup"] > 0
     assert r["acceptance_length"] >= 1.0 and r["speedup"] > 0 and r["num_steps"] > 0
     assert 0 < r["draft_time_share"] < 1  # measured from our drafter metrics, not a constant
+    # every request-step yields >= 1 token; the prompt-finishing step yields 1 <= τ
+    assert 1.0 <= r["tokens_per_forward"] <= r["acceptance_length"] + 1e-9
+
+
+def test_tokens_per_forward_of_a_vllm_run():
+    from vllm_dflash.evaluate_vllm import _tokens_per_forward
+
+    m = {"vllm:spec_decode_num_drafts": 30.0, "vllm:request_success": 3.0, "vllm:generation_tokens": 99.0}
+    assert _tokens_per_forward(m, 0.0) == 3.0  # fixed block: 30 verify steps + 3 prompt-finishing steps
+    assert _tokens_per_forward(m, 45.0) == 2.2  # adaptive drafting counted its request-steps
+    assert _tokens_per_forward({}, 0.0) is None
 
 
 def test_eval_bad_prompt_file(pair, tmp_path):

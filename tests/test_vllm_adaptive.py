@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Adaptive drafting inside real vLLM (CPU, V1 runner): lossless greedy output with both sources, per source and
+"""Adaptive drafting inside real vLLM (CPU, V1 runner): lossless greedy output with every source, per source and
 with max_model_len mid-block, with synchronous scheduling (default) and with overlap (VLLM_DFLASH_OVERLAP=1: our
-AsyncScheduler subclass plans the lengths); drafts really verified and accepted."""
+AsyncScheduler subclass plans the lengths); drafts really verified and accepted. The merged source (prompt-lookup
+tokens first, the DFlash block after them) is checked in float32, where greedy identity is exact."""
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ PROMPTS = [torch.randint(4, 384, (12,), generator=g).tolist() for _ in range(4)]
 
 
 OVERLAP = {"VLLM_DFLASH_OVERLAP": "1"}
+F32 = {"dtype": "float32"}
 
 
 def _spec(pair, adaptive, b=8):
@@ -42,6 +44,11 @@ def results(pair):
                              "speculative_config": _spec(pair, "dflash", 16), "env": OVERLAP},
         "both_short_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 100, "max_model_len": 50,
                                "speculative_config": _spec(pair, True), "env": OVERLAP},
+        "base32": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "llm_kwargs": F32},
+        "merged32": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, "merged"),
+                     "llm_kwargs": F32},
+        "merged32_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 48,
+                             "speculative_config": _spec(pair, "merged"), "llm_kwargs": F32, "env": OVERLAP},
         "bad_value": {"model": t, "prompts": PROMPTS, "speculative_config": _spec(pair, "medusa"),
                       "expect_error": "speculative_config.adaptive"},
     }
@@ -49,14 +56,17 @@ def results(pair):
     return dict(zip(names, run_vllm([runs[n] for n in names])))
 
 
-@pytest.mark.parametrize("name", ["both", "ngram", "dflash16", "both_overlap", "ngram_overlap", "dflash16_overlap"])
+@pytest.mark.parametrize("name", ["both", "ngram", "dflash16", "both_overlap", "ngram_overlap", "dflash16_overlap",
+                                  "merged32", "merged32_overlap"])
 def test_greedy_lossless(results, name):
-    assert results[name]["tokens"] == results["base"]["tokens"]
+    base = "base32" if name.startswith("merged32") else "base"
+    assert results[name]["tokens"] == results[base]["tokens"]
     assert results[name]["async_scheduling"] == name.endswith("_overlap")
 
 
 def test_drafts_are_verified_and_accepted(results):
-    for name in ("both", "ngram", "dflash16", "both_overlap", "ngram_overlap", "dflash16_overlap"):
+    for name in ("both", "ngram", "dflash16", "both_overlap", "ngram_overlap", "dflash16_overlap", "merged32",
+                 "merged32_overlap"):
         r = results[name]
         assert counter(r, "vllm:spec_decode_num_draft_tokens") > 0, name
         assert counter(r, "vllm:spec_decode_num_accepted_tokens") > 0, name
@@ -64,6 +74,7 @@ def test_drafts_are_verified_and_accepted(results):
 
 def test_adaptive_is_logged(results):
     assert "adaptive drafting ON (sources: both" in results["both"]["log"]
+    assert "adaptive drafting ON (sources: merged" in results["merged32"]["log"]
     assert "lengths planned in the scheduler (overlap)" in results["both_overlap"]["log"]
 
 

@@ -1,14 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Evaluate a draft through vLLM (offline LLM, in this process): τ and per-position acceptance from vLLM's
-spec-decode counters, histogram from our accepted-per-step metric, speedup = output tokens/s with our drafter
-over the same engine settings without speculation. Both runs use the same prompts, greedy, one at a time
-(concurrency 1) unless `concurrency` says otherwise."""
+spec-decode counters, tokens per target forward (generated tokens / request-steps), histogram from our
+accepted-per-step metric, speedup = output tokens/s with our drafter over the same engine settings without
+speculation. Both runs use the same prompts, greedy, one at a time (concurrency 1) unless `concurrency` says
+otherwise."""
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from vllm_dflash.bench.stats import tokens_per_forward
+
+KEPT_METRICS = ("vllm:spec_decode", "vllm:generation_tokens", "vllm:request_success")
 
 
 def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> tuple[float, int, dict]:
@@ -25,8 +30,14 @@ def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concur
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[i: i + concurrency]], sp, use_tqdm=False)
         n += sum(len(o.outputs[0].token_ids) for o in outs)
     dt = time.perf_counter() - t0
-    metrics = {m.name: (list(m.values) if hasattr(m, "values") else getattr(m, "value", None))
-               for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode")}
+    metrics: dict[str, Any] = {}
+    for m in llm.get_metrics():
+        if not m.name.startswith(KEPT_METRICS):
+            continue
+        if hasattr(m, "values"):
+            metrics[m.name] = list(m.values)
+        else:  # a counter per label set (e.g. request_success per finish reason): summed
+            metrics[m.name] = metrics.get(m.name, 0.0) + float(getattr(m, "value", 0.0) or 0.0)
     del llm
     gc.collect()
     return dt, n, metrics
@@ -40,6 +51,16 @@ def _acceptance(metrics: dict) -> tuple[float, list[float], float]:
     acc = float(metrics.get("vllm:spec_decode_num_accepted_tokens") or 0)
     per_pos = metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
     return 1 + acc / drafts, [p / drafts for p in per_pos], drafts
+
+
+def _tokens_per_forward(metrics: dict, request_steps: float) -> float | None:
+    """Tokens per target forward of a DFlash run: vLLM's generated tokens / request-steps. request_steps: our
+    counter (adaptive drafting counts them); 0 -> fixed block, where every request-step after the one that finishes
+    the prompt verifies one block, so request-steps = drafts + finished requests."""
+    if not request_steps:
+        request_steps = float(metrics.get("vllm:spec_decode_num_drafts") or 0) + \
+            float(metrics.get("vllm:request_success") or 0)
+    return tokens_per_forward(float(metrics.get("vllm:generation_tokens") or 0), request_steps)
 
 
 def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
@@ -61,7 +82,7 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     ids = [render(tok, it) for it in get_prompts(prompts, limit)]
     cfg = DFlashConfig.from_pretrained(draft)
     B = block_size or cfg.block_size
-    spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": B - 1}
+    spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": B - 1, "adaptive": False}  # the draft alone
     if diffusion_steps:
         spec["diffusion_steps"] = diffusion_steps
     common = dict(model=str(tpath), dtype=default_dtype(), enforce_eager=True, max_model_len=2048,
@@ -70,12 +91,15 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     dt, n, m = _run({**common, "speculative_config": spec}, ids, max_new_tokens, concurrency)
     tau, per_pos, drafts = _acceptance(m)
     MetricsSink.get().flush(force=True)  # in-process engine: this process's drafter and scheduler share the sink
-    hists = merged(read_snapshots())["hists"]
+    ours = merged(read_snapshots())
+    hists = ours["hists"]
     hist = hists["accepted_tokens_per_step"]["counts"][:B]
     draft_s = hists["draft_forward_seconds"]["sum"] + hists["kv_injection_seconds"]["sum"]
     report = {"engine": "vllm", "target": str(tpath), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
               "block_size": B, "diffusion_steps": diffusion_steps or cfg.diffusion_steps, "max_new_tokens": max_new_tokens,
-              "concurrency": concurrency, "acceptance_length": tau, "per_position_acceptance": per_pos,
+              "concurrency": concurrency, "acceptance_length": tau,
+              "tokens_per_forward": _tokens_per_forward(m, ours["counters"].get("request_steps", 0.0)),
+              "per_position_acceptance": per_pos,
               "histogram": hist, "num_steps": int(drafts), "output_tokens": n, "tokens_per_s": n / dt,
               "draft_time_share": draft_s / dt}
     if baseline:

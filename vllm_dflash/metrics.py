@@ -16,6 +16,8 @@ Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
   block_size                  gauge      block size in use (1 + drafts per request)
   diffusion_steps             gauge      denoising passes per draft
   draft_steps_total           counter    drafter invocations
+  request_steps_total         counter    adaptive drafting: request-steps (tokens per target forward = generated / this)
+  proposals_*_total, drafted_tokens_*_total, accepted_tokens_*_total   adaptive drafting, per source
 """
 from __future__ import annotations
 
@@ -52,13 +54,19 @@ GAUGES = {
 }
 COUNTERS = {
     "draft_steps": "Drafter invocations (one per engine step with drafting).",
+    "request_steps": "Adaptive drafting: request-steps (a request's share of an engine step that gave it a token); "
+                     "generated tokens / request-steps = tokens per target forward.",
     "proposals_dflash": "Adaptive drafting: request-steps that verified a DFlash block.",
     "proposals_ngram": "Adaptive drafting: request-steps that verified a prompt-lookup (n-gram) proposal.",
+    "proposals_merged": "Adaptive drafting: request-steps that verified a merged proposal (prompt-lookup tokens first, "
+                        "the DFlash block after them).",
     "proposals_none": "Adaptive drafting: request-steps without speculation (k = 0).",
     "drafted_tokens_dflash": "Adaptive drafting: DFlash draft tokens sent to verification.",
     "drafted_tokens_ngram": "Adaptive drafting: prompt-lookup draft tokens sent to verification.",
+    "drafted_tokens_merged": "Adaptive drafting: merged-proposal draft tokens sent to verification.",
     "accepted_tokens_dflash": "Adaptive drafting: accepted DFlash draft tokens.",
     "accepted_tokens_ngram": "Adaptive drafting: accepted prompt-lookup draft tokens.",
+    "accepted_tokens_merged": "Adaptive drafting: accepted merged-proposal draft tokens.",
 }
 
 

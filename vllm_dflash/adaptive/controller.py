@@ -1,18 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`AdaptiveController`: per step, per request, which proposal (DFlash block or prompt lookup) and how many of its
-tokens the target verifies (0 = no speculation for that request).
+"""`AdaptiveController`: per step, per request, which proposal and how many of its tokens the target verifies
+(0 = no speculation for that request).
 
-Inputs per step: every request's committed token history (prompt + output, newest last) and the DFlash block
-drafted for it (or None when the step skipped the draft forward). The controller
-  1. scores the previous proposal of each request against its history (accepted = common prefix), updating the
-     acceptance model of the source that proposed it;
-  2. times the step (wall clock between calls) and feeds the step-cost model with the number of query tokens the
-     target was fed (decode-only steps);
-  3. builds the prompt-lookup proposal, picks per request the source with the larger expected accepted length,
-     and plans the lengths with `plan_lengths`.
-Every decision is counted in the metrics (sources, lengths, accepted tokens per source, cost-model fit).
-Host-side by design (numpy on token lists). `step` serves synchronous scheduling, where the history is committed
-when the drafter runs; `step_overlap` serves overlap scheduling, where the scheduler plans the lengths
+Sources (`policy.SOURCES`): the DFlash block, the prompt-lookup continuation (adaptive/ngram.py), and the two merged:
+the lookup's m tokens in slots 0..m-1, the DFlash block's tokens in slots m..k-1 (the block is drafted from the
+anchor as always, so its token j is its guess for slot j).
+
+Each step has two halves around the draft forward, so the forward runs only when this step's plan uses its tokens:
+  1. `plan` (synchronous scheduling; `plan_overlap` under overlap) scores the previous proposal of each request
+     against its history (accepted = common prefix; overlap: the counts the target reported), updating the acceptance
+     model of the source that proposed it; times the step (wall clock between calls) for the step-cost model; looks
+     up every request's prompt-lookup continuation; picks per request the source with the larger expected accepted
+     length and (synchronous) plans the lengths with `plan_lengths`. `StepPlan.needs_block` says whether any
+     request will verify a DFlash token.
+  2. `propose` (`propose_overlap`) builds the proposals from the plan and the block (None when the forward did not
+     run).
+Every decision is counted in the metrics (request-steps, sources, lengths, accepted tokens per source, cost fit).
+Host-side by design (numpy on token lists). Under overlap scheduling the scheduler plans the lengths
 (adaptive/lengths.py) and this controller only picks each request's source."""
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
                                          cumulative_acceptance, plan_lengths, publish_plan)
 
-MODES = ("both", "dflash", "ngram")
+MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
 
 
 @dataclass
@@ -35,14 +39,41 @@ class _Pending:
     source: str
 
 
+@dataclass
+class StepPlan:
+    """One step's decisions, made before the draft forward. Per request: its prompt-lookup continuation, the chosen
+    source ('none': no proposal) and how many tokens of it the target verifies (overlap: the proposal's length; the
+    scheduler decides how many are verified)."""
+
+    req_ids: list[str]
+    starts: list[int]  # len(history): the drafts predict history[start:]
+    lookups: list[np.ndarray]  # [<= k_max] each
+    sources: list[str]
+    ks: list[int]
+
+    @property
+    def needs_block(self) -> bool:
+        """Does any request verify a DFlash token, i.e. must the draft forward run?"""
+        return any((s == "dflash" and k > 0) or (s == "merged" and k > len(t))
+                   for s, k, t in zip(self.sources, self.ks, self.lookups))
+
+
+def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
+    """The merged proposal: lookup: [m] prompt-lookup tokens, block: [>= k] DFlash tokens (None: not drafted).
+    -> [k]: lookup[j] in slots j < m, block[j] in slots m <= j < k (without a block: the lookup alone, [min(m, k)])."""
+    head = lookup[:k]
+    if block is None or len(head) == k:
+        return head
+    return np.concatenate([head, block[len(head): k]])
+
+
 class AdaptiveController:
-    def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4,
-                 probe_every: int = 8, metrics=None, clock=time.perf_counter):
+    def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
+                 clock=time.perf_counter):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
-        self.probe_every = probe_every
         self.acceptance = AcceptanceModel(k_max)
         self.cost = StepCostModel()
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
@@ -53,7 +84,6 @@ class AdaptiveController:
         self._pending: dict[str, _Pending] = {}
         self._last_t: float | None = None
         self._steps = 0
-        self._since_dflash_chosen = 0
 
     @property
     def guard(self) -> SpeculationGuard:
@@ -63,25 +93,14 @@ class AdaptiveController:
             g = self.guards[self._bucket] = SpeculationGuard()
         return g
 
-    # ------------------------------------------------------------------ per step
-    def want_dflash(self, num_reqs: int | None = None) -> bool:
-        """Run the DFlash draft forward this step? Yes while some request picks it, and every `probe_every`
-        steps otherwise (its acceptance estimate must stay fresh). Always for mode 'dflash', never for 'ngram'.
-        Never while the guard of this batch size holds 'off'."""
-        if num_reqs is not None:
-            self._bucket = batch_bucket(num_reqs)
-        if self.guard.arm == "off":
-            return False
-        if self.mode != "both":
-            return self.mode == "dflash"
-        return self._since_dflash_chosen == 0 or self._steps % self.probe_every == 0
+    # ------------------------------------------------------------------ synchronous scheduling
+    def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,
+             extra_tokens: int = 0) -> StepPlan:
+        """Sources and lengths of this step, before the draft forward.
 
-    def step(self, req_ids: list[str], histories: list[np.ndarray], dflash: np.ndarray | None,
-             query_tokens: int, decode_only: bool, extra_tokens: int = 0) -> list[list[int]]:
-        """-> draft token ids per request (variable length, possibly empty).
-
-        dflash: [B, k_max] DFlash drafts (None: not run this step). query_tokens: tokens the target was fed in the
-        step just verified; decode_only: that step had no prefill chunk (its time is a clean cost sample)."""
+        histories[r]: committed tokens of request r (prompt + output, newest last); query_tokens: tokens the target
+        was fed in the step just verified; decode_only: that step had no prefill chunk (its time is a clean cost
+        sample); extra_tokens: prefill tokens likely to share the next step."""
         now = self.clock()
         dt = None
         if self._last_t is not None and decode_only and query_tokens > 0:
@@ -92,6 +111,7 @@ class AdaptiveController:
                 dt = None
         self._last_t = now
         self._steps += 1
+        self._count("request_steps", len(req_ids))
         accepted = self._score_previous(req_ids, histories)
         ran = self.guards.get(self._decided_bucket)  # the guard whose arm ran the step just verified
         if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
@@ -99,103 +119,80 @@ class AdaptiveController:
         self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
         self._prune(req_ids)
 
+        lookups = [self._lookup(h) for h in histories]
         if self.guard.arm == "off":  # measured: no speculation is faster here (or being re-measured)
-            proposals, sources, ks = [None] * len(req_ids), ["none"] * len(req_ids), [0] * len(req_ids)
+            sources, ks = ["none"] * len(req_ids), [0] * len(req_ids)
         else:
-            proposals, sources, ks = self._plan(req_ids, histories, dflash, extra_tokens)
+            chosen = [self._choose(rid, len(t)) for rid, t in zip(req_ids, lookups)]
+            sources = [src for src, _ in chosen]
+            ks = plan_lengths([p for _, p in chosen], self.cost, extra_tokens=extra_tokens)
+        return StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
 
+    def propose(self, plan: StepPlan, block: np.ndarray | None) -> list[list[int]]:
+        """-> draft token ids per request of the plan (variable length, possibly empty).
+
+        block: [B, k_max] the DFlash drafts of the plan's requests (None: the draft forward did not run, which is
+        only right when `plan.needs_block` is False)."""
+        assert block is not None or not plan.needs_block, "the plan verifies DFlash tokens: draft the block"
         out: list[list[int]] = []
-        chose_dflash = False
-        for rid, hist, toks, src, k in zip(req_ids, histories, proposals, sources, ks):
+        for i, (rid, src, k) in enumerate(zip(plan.req_ids, plan.sources, plan.ks)):
             if k == 0:
                 self._pending.pop(rid, None)
                 out.append([])
                 self._count("proposals_none")
                 continue
-            self._pending[rid] = _Pending(len(hist), toks[:k].copy(), src)
-            out.append([int(t) for t in toks[:k]])
-            chose_dflash |= src == "dflash"
+            toks = self._tokens(src, plan.lookups[i], block[i] if block is not None else None)[:k]
+            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src)
+            out.append([int(t) for t in toks])
             self._count(f"proposals_{src}")
             self._count(f"drafted_tokens_{src}", k)
-        self._since_dflash_chosen = 0 if chose_dflash else self._since_dflash_chosen + 1
-        publish_plan(self.metrics, ks, self.cost, self.guard)
+        publish_plan(self.metrics, plan.ks, self.cost, self.guard)
         return out
 
-    def step_overlap(self, req_ids: list[str], histories: list[np.ndarray | None], dflash: np.ndarray | None,
-                     verified: list[tuple[int, int]]) -> np.ndarray:
+    # ------------------------------------------------------------------ overlap scheduling
+    def plan_overlap(self, req_ids: list[str], histories: list[np.ndarray | None],
+                     verified: list[tuple[int, int]]) -> StepPlan:
         """Overlap (async) scheduling: the scheduler decides how many drafts each request verifies
-        (integration/async_scheduler.py); here only the source. -> [B, k_max] proposals, full length.
+        (integration/async_scheduler.py); here only the source, before the draft forward.
 
         histories[r]: committed tokens of request r (None: incomplete, no prompt lookup); verified[r]: (drafts the
-        step just verified, drafts accepted) for the request's previous proposal. A prompt-lookup proposal shorter
-        than k_max is padded with the DFlash block's tail (or its own last token); the scheduler's per-request
-        acceptance learns how far such a mix gets accepted."""
-        verified_dflash = self.score_overlap(req_ids, verified)
-        out = np.empty((len(req_ids), self.k_max), dtype=np.int64)
-        for i, (rid, hist) in enumerate(zip(req_ids, histories)):
-            toks, _, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
-            n = len(toks)
-            out[i, :n] = toks
-            if n < self.k_max:
-                fill = dflash[i, n:] if dflash is not None else None
-                out[i, n:] = fill if fill is not None else (toks[-1] if n else (hist[-1] if hist is not None else 0))
-            if src != "none":
-                self._pending[rid] = _Pending(0, out[i].copy(), src)
-        # the draft forward keeps running while the scheduler verifies DFlash proposals (else: a probe every
-        # `probe_every` steps); a block drafted for requests the scheduler gives k = 0 is pure cost
-        self._since_dflash_chosen = 0 if verified_dflash else self._since_dflash_chosen + 1
+        step just verified, drafts accepted) for the request's previous proposal."""
+        self.score_overlap(req_ids, verified)
+        lookups = [self._lookup(h) for h in histories]
+        sources = [self._choose(rid, len(t))[0] for rid, t in zip(req_ids, lookups)]
+        ks = [0 if s == "none" else (len(t) if s == "ngram" else self.k_max) for s, t in zip(sources, lookups)]
         self._prune(req_ids)
+        return StepPlan(list(req_ids), [0] * len(req_ids), lookups, sources, ks)
+
+    def propose_overlap(self, plan: StepPlan, block: np.ndarray | None, anchors: np.ndarray) -> np.ndarray:
+        """-> [B, k_max] full-length proposals (the scheduler verifies a prefix of each). A proposal shorter than
+        k_max (prompt lookup alone) is padded with its last token; a request without one gets its anchor
+        (anchors: [B], the token each request just sampled) repeated. Padding is only ever rejected or accepted as
+        the target's own token: lossless."""
+        assert block is not None or not plan.needs_block, "the plan verifies DFlash tokens: draft the block"
+        out = np.empty((len(plan.req_ids), self.k_max), dtype=np.int64)
+        out[:] = anchors[:, None]
+        for i, (rid, src) in enumerate(zip(plan.req_ids, plan.sources)):
+            if src == "none":
+                continue
+            toks = self._tokens(src, plan.lookups[i], block[i] if block is not None else None)
+            out[i, : len(toks)] = toks
+            out[i, len(toks):] = toks[-1]
+            self._pending[rid] = _Pending(0, out[i].copy(), src)
         return out
 
-    def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> bool:
-        """Score each request's pending proposal: (drafts verified this step, drafts accepted).
-        -> whether any verified proposal was a DFlash block."""
+    def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> None:
+        """Score each request's pending proposal: (drafts verified this step, drafts accepted)."""
         self._steps += 1
-        dflash = False
+        self._count("request_steps", len(req_ids))
         for rid, (k, a) in zip(req_ids, verified):
             p = self._pending.pop(rid, None)
             if p is not None and k > 0:
-                dflash |= p.source == "dflash"
                 a = max(0, min(a, k))
                 self.acceptance.observe(rid, p.source, k, a)
                 self._count(f"proposals_{p.source}")
                 self._count(f"drafted_tokens_{p.source}", k)
                 self._count(f"accepted_tokens_{p.source}", a)
-        return dflash
-
-    def _choose(self, rid: str, hist: np.ndarray | None,
-                block: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str]:
-        """The source with the larger expected accepted length for this request.
-        -> (its tokens, P(i) = probability drafts 1..i are all accepted over them, source)."""
-        best = (np.zeros(0, dtype=np.int64), np.zeros(0), "none")
-        cands = []
-        if block is not None and self.mode in ("both", "dflash"):
-            cands.append(("dflash", block))
-        if hist is not None and self.mode in ("both", "ngram"):
-            cands.append(("ngram", prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)))
-        for src, toks in cands:
-            if len(toks):
-                p = cumulative_acceptance(self.acceptance.rates(rid, src), len(toks))
-                if p.sum() > best[1].sum():
-                    best = (np.asarray(toks), p, src)
-        return best
-
-    def _plan(self, req_ids: list[str], histories: list[np.ndarray], dflash: np.ndarray | None,
-              extra_tokens: int) -> tuple[list[np.ndarray], list[str], list[int]]:
-        """Per request the source with the larger expected accepted length, then the lengths (plan_lengths)."""
-        proposals, gains, sources = [], [], []
-        for i, (rid, hist) in enumerate(zip(req_ids, histories)):
-            toks, p, src = self._choose(rid, hist, dflash[i] if dflash is not None else None)
-            proposals.append(toks)
-            gains.append(p)
-            sources.append(src)
-        return proposals, sources, plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
-
-    def _prune(self, req_ids: list[str]) -> None:
-        """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""
-        if self._steps % 64 == 0:
-            live = set(req_ids)
-            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
 
     def finished(self, req_ids) -> None:
         for rid in req_ids:
@@ -203,6 +200,49 @@ class AdaptiveController:
             self.acceptance.forget(rid)
 
     # ------------------------------------------------------------------ internals
+    def _lookup(self, hist: np.ndarray | None) -> np.ndarray:
+        """The request's prompt-lookup continuation, [<= k_max] (empty where prompt lookup is no source)."""
+        if hist is None or self.mode == "dflash":
+            return np.zeros(0, dtype=np.int64)
+        return prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
+
+    def _candidates(self, m: int) -> list[tuple[str, int]]:
+        """(source, proposal length) a request with m prompt-lookup tokens can verify. Under 'both' the merge is a
+        candidate of its own only where it differs from both parts (0 < m < k_max)."""
+        k = self.k_max
+        if self.mode == "dflash":
+            return [("dflash", k)]
+        if self.mode == "ngram":
+            return [("ngram", m)] if m else []
+        if self.mode == "merged":
+            return [("merged", k)]
+        return [("dflash", k)] + ([("ngram", m)] if m else []) + ([("merged", k)] if 0 < m < k else [])
+
+    def _choose(self, rid: str, m: int) -> tuple[str, np.ndarray]:
+        """The source with the larger expected accepted length Σ P(i) for this request (it depends only on the
+        proposal's length, so the choice precedes the draft forward).
+        -> (source or 'none', P(i) = probability drafts 1..i are all accepted, over its proposal)."""
+        best = ("none", np.zeros(0))
+        for src, n in self._candidates(m):
+            p = cumulative_acceptance(self.acceptance.rates(rid, src), n)
+            if p.sum() > best[1].sum():
+                best = (src, p)
+        return best
+
+    def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:
+        """The full proposal of a source: [k_max] (prompt lookup alone: [m])."""
+        if src == "dflash":
+            return block
+        if src == "ngram":
+            return lookup
+        return merge(lookup, block, self.k_max)
+
+    def _prune(self, req_ids: list[str]) -> None:
+        """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""
+        if self._steps % 64 == 0:
+            live = set(req_ids)
+            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
+
     def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> int:
         """Score each request's previous proposal; returns the accepted draft tokens of the step just verified."""
         total = 0

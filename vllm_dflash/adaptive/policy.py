@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SOURCES = ("dflash", "ngram")
+SOURCES = ("dflash", "ngram", "merged")  # merged: prompt-lookup tokens first, the DFlash block after them
 
 
 class AcceptanceModel:
@@ -31,7 +31,7 @@ class AcceptanceModel:
                  request_decay: float = 0.8, prior_weight: float = 2.0):
         self.k_max = k_max
         self.decay, self.request_decay, self.prior_weight = decay, request_decay, prior_weight
-        prior = prior or {"dflash": 0.5, "ngram": 0.7}  # optimistic start: every source gets tried
+        prior = prior or {"dflash": 0.5, "ngram": 0.7, "merged": 0.7}  # optimistic start: every source gets tried
         self.acc = {s: np.full(k_max, p * 8.0) for s, p in prior.items()}  # 8 pseudo observations each
         self.att = {s: np.full(k_max, 8.0) for s in prior}
         self.req: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}

@@ -63,13 +63,18 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
                 spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}),
     BenchConfig("vllm-dflash", "vLLM's built-in dflash drafter, same draft checkpoint", method="dflash",
                 env={"VLLM_DFLASH_DRAFTER": "vllm"}, uses_draft=True),
-    BenchConfig("ours", "vllm_dflash drafter, fixed block size, overlap scheduling (default)", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "ours"}, uses_draft=True),
-    BenchConfig("ours-no-overlap", "vllm_dflash drafter, fixed block size, overlap off", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "0"}, uses_draft=True),
-    BenchConfig("ours-adaptive", "vllm_dflash drafter, adaptive: per request DFlash block or prompt lookup, "
+    BenchConfig("ours", "vllm_dflash drafter, fixed block size (adaptive: false), overlap scheduling",
+                method="dflash", env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": False}, uses_draft=True),
+    BenchConfig("ours-no-overlap", "vllm_dflash drafter, fixed block size (adaptive: false), overlap off",
+                method="dflash", env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "0"},
+                spec_extra={"adaptive": False}, uses_draft=True),
+    BenchConfig("ours-adaptive", "vllm_dflash drafter as configured by default (adaptive: true): per request DFlash "
+                "block, prompt lookup or the two merged, "
                 "0..k tokens from acceptance and an online step-cost model (synchronous scheduling)", method="dflash",
                 env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
+    BenchConfig("ours-merged", "vllm_dflash drafter, adaptive with the merged source only: prompt-lookup tokens "
+                "first, the DFlash block after them; 0..k tokens per request (synchronous scheduling)", method="dflash",
+                env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": "merged"}, uses_draft=True),
     BenchConfig("ours-adaptive-overlap", "vllm_dflash drafter, adaptive with overlap scheduling: the drafter picks "
                 "the source, our AsyncScheduler subclass plans 0..k tokens per request", method="dflash",
                 env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure benchmark maths (no vLLM, no I/O): percentiles, request-latency summaries, spec-decode counter
-deltas from two `/metrics` scrapes (τ, per-position acceptance), output comparison against the
-no-speculation baseline, and speedups."""
+deltas from two `/metrics` scrapes (τ, per-position acceptance, tokens per target forward), output comparison
+against the no-speculation baseline, and speedups."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,9 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATED = "vllm:generation_tokens_total"
+REQUEST_STEPS = "vllm_dflash:request_steps_total"  # ours, counted under adaptive drafting
+ADAPTIVE_SOURCES = ("dflash", "ngram", "merged")
 _POSITION = re.compile(r'position="(\d+)"')
 
 
@@ -77,10 +80,20 @@ def per_position_accepted(m: dict[str, float]) -> dict[int, float]:
     return out
 
 
+def tokens_per_forward(generated_tokens: float, request_steps: float) -> float | None:
+    """Tokens per target forward = generated tokens / request-steps (a request-step: one request's share of an engine
+    step that gave it at least one token, with or without drafts). vLLM's τ = 1 + accepted / drafts counts only the
+    request-steps that verified drafts, so where adaptive drafting skips speculation τ stays high while this falls
+    towards 1. None without request-steps."""
+    return generated_tokens / request_steps if request_steps > 0 else None
+
+
 def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """vLLM's spec-decode counters over one run (two parse_metrics() scrapes): drafts, draft tokens, accepted,
     τ = 1 + accepted / drafts (bonus token included), draft acceptance rate, and per-position acceptance rate
-    (accepted at position k / drafts). τ and rates are None when nothing was drafted."""
+    (accepted at position k / drafts). τ and rates are None when nothing was drafted. Also tokens per target forward
+    (`tokens_per_forward`) from vLLM's generated tokens and our request-steps counter (None where the run did not
+    count request-steps: only adaptive drafting does)."""
     drafts = _delta(after, before, DRAFTS)
     draft_tokens = _delta(after, before, DRAFT_TOKENS)
     accepted = _delta(after, before, ACCEPTED)
@@ -91,8 +104,11 @@ def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict
         if d < 0:
             raise ValueError(f"metrics: per-position counter {k} went backwards")
         per_pos.append(d)
+    generated, request_steps = _delta(after, before, GENERATED), _delta(after, before, REQUEST_STEPS)
     return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted,
             "tau": 1.0 + accepted / drafts if drafts > 0 else None,
+            "generated_tokens": generated, "request_steps": request_steps,
+            "tokens_per_forward": tokens_per_forward(generated, request_steps),
             "draft_acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
             "per_position_accepted": per_pos,
             "per_position_rate": [p / drafts for p in per_pos] if drafts > 0 else []}
@@ -100,17 +116,18 @@ def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict
 
 def adaptive_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
     """Adaptive drafting's choices over one run (our counters): share of request-steps per source (dflash / ngram /
-    none), draft tokens and acceptance rate per source, mean draft length. None when the run made no choices."""
+    merged / none), draft tokens and acceptance rate per source, mean draft length. None when the run made no
+    choices."""
     def d(name: str) -> float:
         key = f"vllm_dflash:{name}_total"
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    props = {s: d(f"proposals_{s}") for s in ("dflash", "ngram", "none")}
+    props = {s: d(f"proposals_{s}") for s in ADAPTIVE_SOURCES + ("none",)}
     total = sum(props.values())
     if total <= 0:
         return None
-    drafted = {s: d(f"drafted_tokens_{s}") for s in ("dflash", "ngram")}
-    accepted = {s: d(f"accepted_tokens_{s}") for s in ("dflash", "ngram")}
+    drafted = {s: d(f"drafted_tokens_{s}") for s in ADAPTIVE_SOURCES}
+    accepted = {s: d(f"accepted_tokens_{s}") for s in ADAPTIVE_SOURCES}
     return {"request_steps": total, "share": {s: v / total for s, v in props.items()},
             "draft_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": {s: (accepted[s] / drafted[s] if drafted[s] > 0 else None) for s in drafted},

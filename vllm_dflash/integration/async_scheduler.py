@@ -6,8 +6,8 @@ vLLM's AsyncScheduler gives every decoding request the same number of draft plac
 (set through vLLM's own `scheduler_config.scheduler_cls`, no monkey-patch) and, after vLLM has placed its
 placeholders, replace each request's list with k_r placeholders from `LengthPlanner` (k_r = 0: no speculation).
 The runner already handles per-request draft counts under async scheduling (`_prepare_input_ids` takes the first
-k_r of the request's previous drafts), and the drafter still drafts the full block for everyone (its source choice:
-DFlash block or prompt lookup). When every k_r is 0 the step asks the drafter for no drafts at all
+k_r of the request's previous drafts), and the drafter still proposes a full block for everyone (its source choice:
+DFlash block, prompt lookup or the two merged). When every k_r is 0 the step asks the drafter for no drafts at all
 (`num_spec_tokens_to_schedule = 0`), so no draft forward runs. The planner learns from `update_from_output`: drafts
 scheduled vs tokens produced per request, and the time between step outputs; where prompt lookup is a source, it
 keeps those rates per context (does prompt lookup find a match in the request's tokens as the scheduler knows them). vLLM internals read: docs/CONTRACTS.md.
@@ -37,7 +37,7 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
         self._outputs = 0
         from vllm_dflash.integration.proposer import adaptive_mode
 
-        self._lookup = adaptive_mode() in ("both", "ngram")  # prompt lookup is a source: plan per match context
+        self._lookup = adaptive_mode() in ("both", "ngram", "merged")  # prompt lookup is a source: plan per match context
         self._tokens: dict[str, tuple[np.ndarray, int]] = {}  # req_id -> (token ids buffer, length)
 
     def _update_after_schedule(self, scheduler_output) -> None:

@@ -7,13 +7,14 @@ sampler for verification (greedy, or lossless rejection sampling of our one-hot 
 is ours on the hot path: KV injection through our op (DFlashDraftForVllm), multi-step denoising
 (`diffusion_steps`: keep the confident prefix, re-mask the rest, run the draft again over the same
 slots), reduced-vocabulary argmax, start-up validation, metrics, and adaptive drafting (`adaptive`: per request
-the DFlash block or a prompt-lookup proposal, and how many tokens to verify, from measured acceptance and an
-online step-cost model; see vllm_dflash/adaptive/).
+the DFlash block, a prompt-lookup proposal or the two merged, and how many tokens to verify, from measured
+acceptance and an online step-cost model; see vllm_dflash/adaptive/). Under adaptive drafting the prompt lookup
+comes first and the draft forward runs only when this step's plan verifies DFlash tokens.
 
 Adaptive drafting under synchronous scheduling reads the committed token history on the host and returns
 per-request lists (variable length). Under overlap (async) scheduling the lengths are the scheduler's
 (integration/async_scheduler.py); the drafter mirrors each request's history from the verified query tokens
-(adaptive/history.py) and picks only the source, returning a full [B, K] block.
+(adaptive/history.py) and picks only the source, returning a full [B, K] proposal.
 
 Async-scheduling rule (vLLM MRv2's invariant): inputs keep the target's token count, rejected
 positions are padding, `num_rejected_tokens` stays a device tensor; `propose` does no host sync
@@ -174,27 +175,42 @@ class DFlashDrafter(DFlashProposer):
         # KV injection of this step's context rows into every draft layer's paged cache
         model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
         self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
+
+        def run_model() -> torch.Tensor:  # one pass of the draft model over this step's query slots
+            with set_forward_context(per_layer_md, self.vllm_config, num_tokens=num_input_tokens,
+                                     num_tokens_across_dp=across_dp, cudagraph_runtime_mode=mode,
+                                     slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
+                return self.model(**model_kwargs)
+
+        def draft() -> torch.Tensor:  # [B, K]
+            return self._denoise(run_model, sample_idx, K, sampling_metadata)
+
         if K == 0:
             if self.overlap:  # no drafts next step, but this step's tokens and outcomes must still be seen
                 self._adaptive_overlap(None, 0, target_token_ids, target_positions, next_token_ids,
                                        common_attn_metadata, num_rejected_tokens_gpu)
             return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
-        if self.controller is not None and not self.controller.want_dflash(batch_size):
-            self.metrics.inc("draft_steps")
-            if self.overlap:
-                return self._adaptive_overlap(None, K, target_token_ids, target_positions, next_token_ids,
-                                              common_attn_metadata, num_rejected_tokens_gpu)
-            return self._adaptive(None, K, target_positions, next_token_ids, common_attn_metadata,
-                                  num_rejected_tokens_gpu)
+        self.metrics.inc("draft_steps")
+        if self.controller is None:
+            drafts = draft()
+            self.metrics.flush()
+            return drafts
+        # adaptive: this step's plan (prompt lookup first) decides whether the draft forward runs at all
+        if self.overlap:
+            return self._adaptive_overlap(draft, K, target_token_ids, target_positions, next_token_ids,
+                                          common_attn_metadata, num_rejected_tokens_gpu)
+        return self._adaptive(draft, K, target_positions, next_token_ids, common_attn_metadata,
+                              num_rejected_tokens_gpu)
 
+    def _denoise(self, run_model, sample_idx, K, sampling_metadata) -> torch.Tensor:
+        """The draft forward: `diffusion_steps` passes of the draft model over [anchor, MASK x K] per request (keep
+        the confident prefix, re-mask the rest, run again over the same slots). -> [B, K] draft token ids."""
+        model = self._inner()
         t_fwd = self.timer.start()
         steps = self.diffusion_steps
         drafts = prev = fixed = None
         for s in range(steps):
-            with set_forward_context(per_layer_md, self.vllm_config, num_tokens=num_input_tokens,
-                                     num_tokens_across_dp=across_dp, cudagraph_runtime_mode=mode,
-                                     slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
-                hidden = self.model(**model_kwargs)
+            hidden = run_model()
             sample_hidden = hidden[sample_idx]  # [B * K, H], request-major
             if s == steps - 1:
                 if steps == 1:
@@ -220,19 +236,18 @@ class DFlashDrafter(DFlashProposer):
             self.input_ids[sample_idx] = new_ids.reshape(-1).to(self.input_ids.dtype)  # re-mask the rest
         self.timer.stop("draft_forward_seconds", t_fwd, self.metrics)
         self.metrics.set("block_size", K + 1)
-        self.metrics.inc("draft_steps")
-        if self.controller is not None:
-            self._last_draft_probs = None  # adaptive drafts are one-hot (lossless under rejection sampling)
-            if self.overlap:
-                return self._adaptive_overlap(drafts, K, target_token_ids, target_positions, next_token_ids,
-                                              common_attn_metadata, num_rejected_tokens_gpu)
-            return self._adaptive(drafts, K, target_positions, next_token_ids, common_attn_metadata,
-                                  num_rejected_tokens_gpu)
-        self.metrics.flush()
         return drafts
 
-    def _adaptive(self, drafts, K, target_positions, next_token_ids, cad, num_rejected) -> list[list[int]]:
-        """Per-request proposals of the adaptive controller (host side; synchronous scheduling).
+    def _block(self, draft, rows: list[int]) -> np.ndarray:
+        """Run the draft forward for adaptive drafting. -> [len(rows), K] the DFlash drafts of those batch rows on
+        the host (one-hot for the verifier: lossless under rejection sampling)."""
+        drafts = draft()
+        self._last_draft_probs = None
+        return drafts.cpu().numpy()[rows]
+
+    def _adaptive(self, draft, K, target_positions, next_token_ids, cad, num_rejected) -> list[list[int]]:
+        """Per-request proposals of the adaptive controller (host side; synchronous scheduling). The controller plans
+        from the histories first; `draft()` (the draft forward) runs only if the plan verifies DFlash tokens.
 
         History of request i = token_ids_cpu[i, :p + 1] + [bonus], p the position of its last accepted query token:
         token_ids_cpu holds the prompt, the committed output and this step's scheduled drafts (the accepted ones are
@@ -261,19 +276,21 @@ class DFlashDrafter(DFlashProposer):
             req_ids.append(batch.req_ids[i])
             hists.append(hist)
             rows.append(i)
-        block = drafts.cpu().numpy()[rows] if drafts is not None else None
-        planned = self.controller.step(req_ids, hists, block, query_tokens=qsl[B], decode_only=decode_only,
-                                       extra_tokens=prefill_tokens)
+        plan = self.controller.plan(req_ids, hists, query_tokens=qsl[B], decode_only=decode_only,
+                                    extra_tokens=prefill_tokens)
+        planned = self.controller.propose(plan, self._block(draft, rows) if plan.needs_block else None)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
             out[i] = toks
         self.metrics.flush()
         return out
 
-    def _adaptive_overlap(self, drafts, K, target_token_ids, target_positions, next_token_ids, cad,
+    def _adaptive_overlap(self, draft, K, target_token_ids, target_positions, next_token_ids, cad,
                           num_rejected) -> torch.Tensor:
-        """Adaptive drafting under overlap scheduling: per request the source (DFlash block or prompt lookup) of a
-        full K-token proposal; the scheduler has already decided how many of them the next step verifies.
+        """Adaptive drafting under overlap scheduling: per request the source (DFlash block, prompt lookup or the
+        two merged) of a full K-token proposal; the scheduler has already decided how many of them the next step
+        verifies. `draft()` (the draft forward) runs only if some chosen proposal holds DFlash tokens (K = 0: no
+        proposals, only this step's outcomes are scored).
 
         The request's history is mirrored from this step's verified query tokens (`TokenHistory`: the host copy
         of the tokens lags under async scheduling). Its query is [previous sampled token, k drafts]: k drafts
@@ -308,9 +325,10 @@ class DFlashDrafter(DFlashProposer):
             verified.append((k, k - int(rej[i])))
             rows.append(i)
             req_ids.append(rid)
-        block = drafts.cpu().numpy()[rows] if drafts is not None else None
         if rows and K:
-            out[rows] = self.controller.step_overlap(req_ids, hists, block, verified)
+            plan = self.controller.plan_overlap(req_ids, hists, verified)
+            block = self._block(draft, rows) if plan.needs_block else None
+            out[rows] = self.controller.propose_overlap(plan, block, out[rows, 0])
         elif rows:
             self.controller.score_overlap(req_ids, verified)
         if self._calls % 64 == 0:  # requests not seen for 64 steps: finished or long preempted
@@ -327,15 +345,16 @@ ADAPTIVE_SCHEDULER = "vllm_dflash.integration.async_scheduler.AdaptiveAsyncSched
 
 def adaptive_mode() -> str | None:
     """VLLM_DFLASH_ADAPTIVE (set from speculative_config.adaptive): unset/0/false -> None (fixed block);
-    1/true/both -> 'both' sources; 'dflash' or 'ngram' -> that source only (still adaptive lengths)."""
+    1/true/both -> 'both' (per request-step the DFlash block, prompt lookup or the two merged); 'dflash', 'ngram' or
+    'merged' -> that source only (still adaptive lengths)."""
     v = os.environ.get("VLLM_DFLASH_ADAPTIVE", "").strip().lower()
     if v in ("", "0", "false", "off", "none"):
         return None
     if v in ("1", "true", "on", "both"):
         return "both"
-    if v in ("dflash", "ngram"):
+    if v in ("dflash", "ngram", "merged"):
         return v
-    raise ValueError(f"VLLM_DFLASH_ADAPTIVE={v!r}: expected true/false, 'both', 'dflash' or 'ngram'")
+    raise ValueError(f"VLLM_DFLASH_ADAPTIVE={v!r}: expected true/false, 'both', 'dflash', 'ngram' or 'merged'")
 
 
 _UPSTREAM = DFlashProposer
