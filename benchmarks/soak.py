@@ -125,6 +125,23 @@ def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
             "drafts": int(drafts), "tau": round(1 + acc / drafts, 3) if drafts else None}
 
 
+def explain_greedy(url: str, tokenizer: Any, cases: dict[str, Req], mismatches: list[dict[str, Any]],
+                   dtype: str) -> dict[str, Any]:
+    """Each greedy output that differs from its alone output: first differing token and the target's top-2 logprob
+    margin there (vllm_dflash.exactness). -> near-tie / real counts and the divergences."""
+    from vllm_dflash.exactness import explain
+
+    divs = []
+    for mm in mismatches:
+        body = cases[mm["case"]].body
+        item = {"messages": body["messages"]} if "messages" in body else {"prompt": body["prompt"]}
+        d = explain(url, tokenizer, item, mm["alone"] or "", mm["load"] or "", dtype)
+        if d is not None:
+            divs.append({"tag": mm["tag"], "case": mm["case"], **asdict(d)})
+    return {"near_ties": sum(d["near_tie"] for d in divs), "real": sum(not d["near_tie"] for d in divs),
+            "divergences": divs}
+
+
 def watchdog(srv, bound_s: float, t0: float, stop: threading.Event) -> None:
     """Stops the server (and so the run) if the whole soak overruns its bound by more than a grace period."""
     if not stop.wait(max(0.0, t0 + bound_s - time.time())):
@@ -133,8 +150,11 @@ def watchdog(srv, bound_s: float, t0: float, stop: threading.Event) -> None:
 
 
 def run_soak(a: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from vllm_dflash.exactness import near_tie_nats
     from vllm_dflash.serving import Server
-    from vllm_dflash.utils import default_dtype
+    from vllm_dflash.utils import cpu_kind
 
     t0 = time.time()
     sizes: Sizes = QUICK if a.quick else FULL
@@ -154,7 +174,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
         "duration_limit_s": a.duration, "startup_mode": a.startup_mode, "max_model_len": a.max_model_len,
         "target": str(target), "draft": str(draft), "draft_untrained": untrained,
         "num_speculative_tokens": block - 1, "sizes": asdict(sizes), "server_env": a.server_env,
-        "dtype": default_dtype(),
+        "dtype": a.dtype, "near_tie_nats": near_tie_nats(a.dtype), "cpu": cpu_kind(),
         "prompts_available": len(prompts), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                        "python": platform.python_version()},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "log": str(a.log), "loadavg_start": os.getloadavg()[0]}}
@@ -170,7 +190,9 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
 
     Path(a.log).parent.mkdir(parents=True, exist_ok=True)
     spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": block - 1}
-    srv = Server(str(target), speculative_config=spec, max_model_len=a.max_model_len, log_path=str(a.log),
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    by_case = {c.case: c for c in cases}
+    srv = Server(str(target), speculative_config=spec, max_model_len=a.max_model_len, log_path=str(a.log), dtype=a.dtype,
                  extra_args=["--enable-log-requests"],
                  env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **dict(kv.split("=", 1) for kv in a.server_env)})
     log("starting vllm serve ...")
@@ -205,6 +227,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
                                    hard_deadline=start + round_budget)
             sent = len(outs)
             summ = soak_report.summarize_round(outs, res["alone"]["outputs"], secs)
+            summ["greedy"].update(explain_greedy(srv.url, tokenizer, by_case, summ["greedy"]["mismatches"], a.dtype))
             summ.update(index=r, planned=len(round_reqs), after=idle_state(srv, sampler, probe, f"soak-probe{r}-0"))
             summ["metrics"] = metric_delta(before, srv.metrics())
             if a.keep_outcomes:
@@ -215,9 +238,13 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
                 f"5xx {summ['failed_5xx']}, greedy {summ['greedy']['identical']}/{summ['greedy']['compared']}, "
                 f"{summ['output_tok_s']} tok/s, RSS {summ['after']['rss_bytes'] / 2**20:.0f} MiB")
         final, _ = run_drive(srv.url, [first], "soak-final", 1, a.request_timeout, None, "final check")
+        same = final[0]["text"] == res["alone"]["outputs"][first.case]
         res["final"] = {"case": first.case, "status": final[0]["status"], "text": final[0]["text"],
-                        "identical": final[0]["status"] == "ok"
-                        and final[0]["text"] == res["alone"]["outputs"][first.case]}
+                        "identical": final[0]["status"] == "ok" and same}
+        if final[0]["status"] == "ok" and not same:
+            res["final"].update(explain_greedy(srv.url, tokenizer, by_case, [{
+                "tag": "soak-final", "case": first.case, "alone": res["alone"]["outputs"][first.case],
+                "load": final[0]["text"]}], a.dtype))
         time.sleep(2.0)  # longer than our metrics' flush interval: the snapshots must have caught up
         m = srv.metrics()
         res["metrics_consistency"] = {"ours": m.get("vllm_dflash:accepted_tokens_per_step_count"),
@@ -272,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None,
                    help="identical rounds (default 2 quick, 3 full; memory growth: the last round vs the one before)")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="model dtype (default float32: greedy outputs under load must then equal their alone outputs "
+                        "token for token; with bfloat16 a divergence passes only at a numerical near-tie of the "
+                        "target, shown with its top-2 logprob margin)")
     p.add_argument("--request-timeout", type=float, default=None, help="client timeout of a valid request (s)")
     p.add_argument("--grace", type=float, default=120.0,
                    help="watchdog: seconds past --duration before the server is stopped")

@@ -19,7 +19,9 @@ def run_one(spec: dict) -> dict:
     os.environ.update(spec.get("env", {}))
     if spec.get("patch"):  # fault injection for negative controls (test-only)
         exec(spec["patch"], {})
-    kwargs = dict(model=spec["model"], dtype="bfloat16", enforce_eager=True, max_model_len=spec.get("max_model_len", 1024),
+    # float32 by default: greedy equality is a float32 promise (bf16 CPU GEMMs are not batch-invariant, so a bf16
+    # target can flip a near-tied token with or without speculation); tests of the bf16 path set llm_kwargs.dtype
+    kwargs = dict(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=spec.get("max_model_len", 1024),
                   kv_cache_memory_bytes=spec.get("kv_bytes", 64 << 20), seed=0, max_num_seqs=spec.get("max_num_seqs", 16),
                   disable_log_stats=False)
     if spec.get("speculative_config"):

@@ -20,9 +20,12 @@ vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="target"} 20.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="0"} 8.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="1"} 7.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="2"} 5.0
+vllm:generation_tokens_total{engine="0",model_name="target"} 100.0
+vllm_dflash:request_steps_total 60.0
 """
 METRICS_AFTER = METRICS_BEFORE.replace("} 10.0", "} 50.0").replace("} 70.0", "} 350.0").replace("} 20.0", "} 80.0") \
-    .replace('"0"} 8.0', '"0"} 38.0').replace('"1"} 7.0', '"1"} 27.0').replace('"2"} 5.0', '"2"} 15.0')
+    .replace('"0"} 8.0', '"0"} 38.0').replace('"1"} 7.0', '"1"} 27.0').replace('"2"} 5.0', '"2"} 15.0') \
+    .replace("} 100.0", "} 220.0").replace("total 60.0", "total 140.0")
 
 
 @pytest.mark.parametrize("q", [0, 1, 37.5, 50, 90, 99, 100])
@@ -60,12 +63,19 @@ def test_spec_decode_delta_from_metrics_text():
     assert d["per_position_accepted"] == [30, 20, 10]
     assert d["per_position_rate"] == pytest.approx([0.75, 0.5, 0.25])
     assert d["draft_acceptance_rate"] == pytest.approx(60 / 280)
+    # 120 tokens in 80 request-steps, 40 of which verified drafts: τ 2.5 per draft, 1.5 per target forward
+    assert d["generated_tokens"] == 120 and d["request_steps"] == 80 and d["tokens_per_forward"] == pytest.approx(1.5)
+
+
+def test_tokens_per_forward():
+    assert stats.tokens_per_forward(150, 100) == 1.5
+    assert stats.tokens_per_forward(150, 0) is None  # request-steps not counted (fixed block, other drafters)
 
 
 def test_spec_decode_delta_no_drafts_and_reset():
     m = parse_metrics(METRICS_BEFORE)
     d = stats.spec_decode_delta(m, m)
-    assert d["tau"] is None and d["per_position_rate"] == []
+    assert d["tau"] is None and d["per_position_rate"] == [] and d["tokens_per_forward"] is None
     assert stats.spec_decode_delta({}, {})["drafts"] == 0
     with pytest.raises(ValueError, match="backwards"):
         stats.spec_decode_delta(parse_metrics(METRICS_AFTER), m)
@@ -84,7 +94,8 @@ def test_compare_outputs_reports_first_difference():
 def _run(cfg, tok_s, outputs, c=1, ps="humaneval", tau=None, per_pos=(3.0, 1.0)):
     return {"config": cfg, "prompt_set": ps, "concurrency": c, "ok": True, "output_tok_s": tok_s, "outputs": outputs,
             "ttft_ms": stats.summarize([0.1, 0.2], 1000), "tpot_ms": stats.summarize([0.01], 1000),
-            "spec_decode": None if tau is None else {"tau": tau, "drafts": 4.0, "per_position_accepted": list(per_pos)}}
+            "spec_decode": None if tau is None else {"tau": tau, "drafts": 4.0, "per_position_accepted": list(per_pos),
+                                                     "tokens_per_forward": tau - 0.25}}
 
 
 def test_attach_baseline_and_table():
@@ -99,15 +110,20 @@ def test_attach_baseline_and_table():
                                          "error": "boom"}])
     rows = table.splitlines()
     assert len(rows) == 2 + 5 and rows[0].startswith("| prompts | concurrency | configuration")
-    assert "| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 150 / 190 / 199 | 10 / 10 / 10 | 0/1 **MISMATCH** | – |" in rows
-    assert "| humaneval | 1 | ngram | 5.0 | 0.50× | 1.50 |" in table and "1/1 |" in table
+    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 1.75 | 150 / 190 / 199 | 10 / 10 / 10 "
+            "| 0/1 **1 MISMATCH** | – |") in rows
+    near = {"near_ties": 1, "max_near_tie_margin": 0.04}  # an explained bf16 near-tie is not a mismatch
+    assert report._exact_cell({"identical": 0, "compared": 1}, near) == "0/1 + 1 near-tie (margin ≤ 0.04)"
+    assert "| humaneval | 1 | ngram | 5.0 | 0.50× | 1.50 | 1.25 |" in table and "1/1 |" in table
     assert "| humaneval | 8 | ours | 7.0 | – | 1.50 |" in table and "failed: boom" in table
+    assert "| humaneval | 1 | none | 10.0 | 1.00× | – | – |" in table
     acc = report.render_acceptance(runs)
     assert "| humaneval | ours | 0.500 | 0.250 |" in acc  # (3+1)/(4+4), (1+1)/(4+4): summed over c1 and c8
 
 
 def test_registry_and_overrides():
-    assert {"none", "ngram", "vllm-dflash", "ours", "ours-adaptive"} <= set(configs.REGISTRY)
+    assert {"none", "ngram", "vllm-dflash", "ours", "ours-adaptive", "ours-merged"} <= set(configs.REGISTRY)
+    assert configs.REGISTRY["ours-merged"].speculative_config("d", 7)["adaptive"] == "merged"
     none, ngram, theirs, ours = configs.select(["none", "ngram", "vllm-dflash", "ours"])
     assert none.speculative_config("d", 7) is None
     assert ngram.speculative_config(None, 7) == configs.NGRAM_SPEC
@@ -127,16 +143,18 @@ def test_registry_and_overrides():
 
 def test_adaptive_delta_and_table():
     before = {"vllm_dflash:proposals_dflash_total": 10.0}
-    after = {"vllm_dflash:proposals_dflash_total": 16.0, "vllm_dflash:proposals_ngram_total": 3.0,
-             "vllm_dflash:proposals_none_total": 1.0, "vllm_dflash:drafted_tokens_dflash_total": 24.0,
-             "vllm_dflash:accepted_tokens_dflash_total": 6.0, "vllm_dflash:drafted_tokens_ngram_total": 6.0,
-             "vllm_dflash:accepted_tokens_ngram_total": 6.0}
+    after = {"vllm_dflash:proposals_dflash_total": 15.0, "vllm_dflash:proposals_ngram_total": 3.0,
+             "vllm_dflash:proposals_merged_total": 1.0, "vllm_dflash:proposals_none_total": 1.0,
+             "vllm_dflash:drafted_tokens_dflash_total": 20.0, "vllm_dflash:accepted_tokens_dflash_total": 5.0,
+             "vllm_dflash:drafted_tokens_ngram_total": 6.0, "vllm_dflash:accepted_tokens_ngram_total": 6.0,
+             "vllm_dflash:drafted_tokens_merged_total": 4.0, "vllm_dflash:accepted_tokens_merged_total": 3.0}
     a = stats.adaptive_delta(before, after)
-    assert a["share"] == {"dflash": 0.6, "ngram": 0.3, "none": 0.1} and a["mean_draft_len"] == 3.0
-    assert a["acceptance_rate"] == {"dflash": 0.25, "ngram": 1.0}
+    assert a["share"] == {"dflash": 0.5, "ngram": 0.3, "merged": 0.1, "none": 0.1} and a["mean_draft_len"] == 3.0
+    assert a["acceptance_rate"] == {"dflash": 0.25, "ngram": 1.0, "merged": 0.75}
     assert stats.adaptive_delta(after, after) is None
     row = {"ok": True, "prompt_set": "humaneval", "concurrency": 8, "config": "ours-adaptive", "adaptive": a}
-    assert "| humaneval | 8 | ours-adaptive | 60% | 30% | 10% | 3.00 | 0.25 | 1.00 |" in report.render_adaptive([row])
+    assert "| humaneval | 8 | ours-adaptive | 50% | 30% | 10% | 10% | 3.00 | 0.25 | 1.00 | 0.75 |" \
+        in report.render_adaptive([row])
     assert report.render_adaptive([{**row, "adaptive": None}]) is None
 
 

@@ -21,8 +21,8 @@ def test_serve_end_to_end(pair, tmp_path):
 
     target = str(pair / "target")
     (base,) = run_vllm([{"model": target, "prompts": PROMPTS, "max_tokens": 32, "ignore_eos": False}])
-    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7}
-    srv = Server(target, speculative_config=spec, log_path=str(tmp_path / "serve.log"), max_model_len=1024,
+    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
+    srv = Server(target, speculative_config=spec, log_path=str(tmp_path / "serve.log"), max_model_len=1024, dtype="float32",
                  env={"OMP_NUM_THREADS": "1", "VLLM_DFLASH_PROFILE": "1"})
     srv.start(timeout=400)
     try:

@@ -42,10 +42,25 @@ def _drive(server, prompts: list[list[dict]], max_tokens: int) -> tuple[list[str
     return texts, n_tokens, time.perf_counter() - t0
 
 
-def run_demo(draft: str | Path, num_prompts: int = 4, max_tokens: int = 128, mode: str = "serve") -> int:
+def demo_configs(draft_dir: Path, block_size: int) -> list[tuple[str, dict | None]]:
+    """Side by side: no speculation, vLLM's prompt lookup (its best measured k), and our drafter as a user gets it
+    with no extra keys (adaptive: DFlash, prompt lookup or both per request-step)."""
+    return [("no speculation", None),
+            ("vLLM n-gram (k=4)", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                   "prompt_lookup_min": 2}),
+            ("vllm_dflash", {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1})]
+
+
+def run_demo(draft: str | Path, num_prompts: int = 4, max_tokens: int = 128, mode: str = "serve",
+             dtype: str | None = None, eager: bool = False) -> int:
+    from transformers import AutoTokenizer
+
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.data.prompts import humaneval_prompts
+    from vllm_dflash.exactness import explain, summarize, verdict_line
+    from vllm_dflash.serving import Server, acceptance_length, tokens_per_forward
     from vllm_dflash.target import prepare_target
+    from vllm_dflash.utils import cpu_kind, default_dtype
 
     target = prepare_target()
     draft_dir, untrained = ensure_draft(draft, target)
@@ -61,25 +76,44 @@ def run_demo(draft: str | Path, num_prompts: int = 4, max_tokens: int = 128, mod
         print(format_report(report))
         return 0
 
-    from vllm_dflash.serving import Server, acceptance_length
-
+    dtype = dtype or default_dtype()
+    tok = AutoTokenizer.from_pretrained(str(target))
     cfg = DFlashConfig.from_pretrained(draft_dir)
-    spec = {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": cfg.block_size - 1}
     prompts = [it["messages"] for it in items]
-    results = {}
-    for name, sc in (("no speculation", None), ("vllm_dflash", spec)):
-        print(f"starting vllm serve ({name}) ...", flush=True)
-        with Server(str(target), speculative_config=sc) as srv:
+    results: dict[str, dict] = {}
+    for name, sc in demo_configs(draft_dir, cfg.block_size):
+        how = "eager" if eager else "torch.compile: the first start compiles, about 1-2 min on 2 cores"
+        print(f"starting vllm serve ({name}; {dtype}, {how}) ...", flush=True)
+        t0 = time.perf_counter()
+        with Server(str(target), speculative_config=sc, dtype=dtype, enforce_eager=eager).start(
+                timeout=900 if eager else 1500) as srv:
+            start_s = time.perf_counter() - t0
+            before = srv.metrics()
             texts, n, dt = _drive(srv, prompts, max_tokens)
-            tau = acceptance_length(srv.metrics()) if sc else None
-        results[name] = {"texts": texts, "tokens": n, "seconds": dt, "tok_s": n / dt, "tau": tau}
-    base, ours = results["no speculation"], results["vllm_dflash"]
-    same = sum(a == b for a, b in zip(base["texts"], ours["texts"]))
-    print(f"\nSmolLM2-135M-Instruct, {len(prompts)} HumanEval chat prompts, greedy, max_tokens {max_tokens}, concurrency 1")
-    print(f"  draft: {draft_dir}{'  (UNTRAINED)' if untrained else ''}")
-    print(f"  no speculation : {base['tok_s']:7.1f} tok/s")
-    print(f"  vllm_dflash    : {ours['tok_s']:7.1f} tok/s   τ = {ours['tau']:.2f}" if ours["tau"] else
-          f"  vllm_dflash    : {ours['tok_s']:7.1f} tok/s   τ = n/a")
-    print(f"  speedup        : {ours['tok_s'] / base['tok_s']:.2f}x")
-    print(f"  greedy outputs identical: {same}/{len(prompts)}")
-    return 0
+            after = srv.metrics()
+            r = {"texts": texts, "tokens": n, "seconds": dt, "tok_s": n / dt, "start_s": start_s,
+                 "tau": acceptance_length(after, before) if sc else None,
+                 "per_forward": tokens_per_forward(after, before)}
+            if sc is not None:  # explain each differing output on this server (the target's top-2 margin there)
+                base = results["no speculation"]["texts"]
+                divs = [d for it, a, b in zip(items, base, texts) if (d := explain(srv.url, tok, it, a, b, dtype))]
+                r["exact"] = summarize(len(texts), divs, dtype)
+        results[name] = r
+    print(f"\nSmolLM2-135M-Instruct, {len(prompts)} HumanEval chat prompts, greedy, max_tokens {max_tokens}, "
+          f"concurrency 1, {dtype}, {'eager' if eager else 'torch.compile (vLLM default)'}; CPU: {cpu_kind()}")
+    print(f"draft: {draft_dir}{'  (UNTRAINED)' if untrained else ''}")
+    base = results["no speculation"]
+    print(f"  {'configuration':22s} {'tok/s':>7s} {'speedup':>8s} {'tokens/forward':>15s} {'τ (per draft)':>14s}  start-up")
+    for name, r in results.items():
+        tau = "–" if r["tau"] is None else f"{r['tau']:.2f}"
+        pf = "–" if r["per_forward"] is None else f"{r['per_forward']:.2f}"
+        print(f"  {name:22s} {r['tok_s']:7.1f} {r['tok_s'] / base['tok_s']:7.2f}x {pf:>15s} {tau:>14s}  "
+              f"{r['start_s']:.0f} s")
+    failed = False
+    for name, r in results.items():
+        if "exact" in r:
+            print(f"  {name}: {verdict_line(r['exact'])}")
+            failed |= not r["exact"]["passed"]
+    print("tokens/forward: generated tokens per target forward (engine step); τ: vLLM's mean acceptance length, "
+          "counted only on steps that proposed drafts.")
+    return 1 if failed else 0

@@ -62,6 +62,17 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_kind() -> str:
+    """The CPU class every figure should name: model name and whether bf16 is native."""
+    name = "?"
+    try:
+        name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name")), "?")
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, {'avx512_bf16' if cpu_has_bf16() else 'no native bf16 (AVX2-class)'}"
+
+
 def default_dtype() -> str:
     """vLLM / model dtype: $VLLM_DFLASH_DTYPE, else bfloat16 on GPUs and bf16-capable CPUs, else float32."""
     env = os.environ.get("VLLM_DFLASH_DTYPE")

@@ -34,22 +34,34 @@ def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], li
 
 def render_table(runs: list[dict[str, Any]]) -> str:
     """The main results table, one row per run (prompt set, concurrency, configuration)."""
-    lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | TTFT p50 / p90 / p99 (ms) "
-             "| TPOT p50 / p90 / p99 (ms) | greedy identical to none | load avg 1m |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | tokens / forward "
+             "| TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | greedy identical to none | load avg 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if not r.get("ok"):
             lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | failed: {r.get('error', '?')} "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         sd, vs = r.get("spec_decode") or {}, r.get("vs_baseline")
         load = "–" if not r.get("loadavg_1m") else "{:.1f}–{:.1f}".format(*r["loadavg_1m"])  # machine noise
-        same = "–" if vs is None else f"{vs['identical']}/{vs['compared']}" + ("" if vs["identical"] == vs["compared"]
-                                                                            else " **MISMATCH**")
+        same = "–" if vs is None else _exact_cell(vs, r.get("exactness"))
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {_f(r['output_tok_s'])} "
-                     f"| {_f(r.get('speedup'), '{:.2f}×')} | {_f(sd.get('tau'), '{:.2f}')} | {_pcts(r['ttft_ms'])} "
+                     f"| {_f(r.get('speedup'), '{:.2f}×')} | {_f(sd.get('tau'), '{:.2f}')} "
+                     f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_pcts(r['ttft_ms'])} "
                      f"| {_pcts(r['tpot_ms'])} | {same} | {load} |")
     return "\n".join(lines)
+
+
+def _exact_cell(vs: dict[str, Any], ex: dict[str, Any] | None) -> str:
+    """identical/compared, then near-ties (bf16 numerics, with the largest margin) and real differences."""
+    cell = f"{vs['identical']}/{vs['compared']}"
+    diff = vs["compared"] - vs["identical"]
+    if not diff:
+        return cell
+    near = (ex or {}).get("near_ties", 0)
+    if near:
+        cell += f" + {near} near-tie{'s' if near > 1 else ''} (margin ≤ {ex['max_near_tie_margin']:.2f})"
+    return cell + (f" **{diff - near} MISMATCH**" if diff - near else "")
 
 
 def render_acceptance(runs: list[dict[str, Any]]) -> str:
@@ -71,14 +83,15 @@ def render_adaptive(runs: list[dict[str, Any]]) -> str | None:
     rows = [r for r in runs if r.get("ok") and r.get("adaptive")]
     if not rows:
         return None
-    lines = ["| prompts | concurrency | configuration | DFlash | n-gram | none | mean draft len | accept DFlash "
-             "| accept n-gram |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| prompts | concurrency | configuration | DFlash | n-gram | merged | none | mean draft len "
+             "| accept DFlash | accept n-gram | accept merged |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = r["adaptive"]
         sh, ar = a["share"], a["acceptance_rate"]
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {sh['dflash']:.0%} | "
-                     f"{sh['ngram']:.0%} | {sh['none']:.0%} | {a['mean_draft_len']:.2f} | {_f(ar['dflash'], '{:.2f}')} "
-                     f"| {_f(ar['ngram'], '{:.2f}')} |")
+                     f"{sh['ngram']:.0%} | {sh.get('merged', 0.0):.0%} | {sh['none']:.0%} "
+                     f"| {a['mean_draft_len']:.2f} | {_f(ar['dflash'], '{:.2f}')} | {_f(ar['ngram'], '{:.2f}')} "
+                     f"| {_f(ar.get('merged'), '{:.2f}')} |")
     return "\n".join(lines)
 
 
@@ -137,7 +150,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         spec = f"`{json.dumps(c['speculative_config'])}`" if c["speculative_config"] else "–"
         out.append(f"| {name} | {c['description']} | {spec} | {env} | {status} |")
     out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency; "
-            "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run)", "",
+            "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
+            "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
+            "with a fixed block every decode step verifies drafts, so τ is it there)", "",
             render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
             render_acceptance(result["runs"]), ""]
     ts = render_time_split(result["runs"])
@@ -148,12 +163,26 @@ def render_markdown(result: dict[str, Any]) -> str:
         out += ["## Adaptive drafting choices (share of request-steps by source)", "", ad, ""]
     out += ["## Losslessness (greedy outputs vs `none`)", ""]
     ll = result["losslessness"]
+    dtype = result["meta"]["engine"]["dtype"]
+    out.append(f"Model dtype {dtype}: " + ("greedy outputs must be identical token for token." if dtype == "float32"
+               else "a difference passes only at a numerical near-tie of the target (the two outputs took its two most "
+                    "likely tokens, at most vllm_dflash.exactness.NEAR_TIE_NATS apart); bf16 CPU GEMMs are not "
+                    "batch-invariant, so the target alone flips such tokens too. `--dtype float32` is token-exact."))
+    out.append("")
     for name, v in ll["per_config"].items():
-        out.append(f"- {name}: {v['identical']}/{v['compared']} identical")
+        out.append(f"- {name}: {v['identical']}/{v['compared']} identical"
+                   + (f", {v['near_ties']} near-ties (margins {', '.join(f'{m:.3f}' for m in v['margins'])} nats)"
+                      if v.get("near_ties") else "") + (f", **{v['real']} real differences**" if v.get("real") else ""))
     for r in result["runs"]:
+        divs = (r.get("exactness") or {}).get("divergences", [])
         for mm in (r.get("vs_baseline") or {}).get("mismatches", []):
-            out.append(f"  - MISMATCH {r['config']} / {r['prompt_set']} / c{r['concurrency']} / {mm['id']} at char "
+            out.append(f"  - differs: {r['config']} / {r['prompt_set']} / c{r['concurrency']} / {mm['id']} at char "
                        f"{mm['first_diff_char']}: none `{mm['base'][:40]!r}` vs `{mm['other'][:40]!r}`")
+        for d in divs:
+            kind = "near-tie" if d["near_tie"] else "REAL"
+            m = "n/a" if d["margin"] is None else f"{d['margin']:.3f}"
+            out.append(f"    - first differing token {d['index']}: {d['base_token']!r} vs {d['other_token']!r}; the "
+                       f"target's top 2 {list(d['top2'])!r}, margin {m} nats ({kind})")
     return "\n".join(out) + "\n"
 
 

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Greedy exactness checks, and why a greedy output differs when it does.
+
+Speculative decoding is lossless: with greedy sampling the output equals the target's own greedy output. That is
+exact in float32. In bfloat16 the target itself is not batch-invariant on CPU (a GEMM over 5 query tokens rounds
+differently from one over 1), so the target's greedy choice can flip wherever its top two tokens are nearly tied,
+with or without speculation (vLLM's own n-gram drafter diverges as often as ours). A divergence is therefore
+judged by the target's top-2 logprob margin at the first differing token:
+
+  float32   any divergence fails the check;
+  bfloat16  a divergence where the two outputs took the target's two most likely tokens, whose logprobs are at
+            most `near_tie_nats(dtype)` apart, is a numerical near-tie (reported, not a failure); anything else (a
+            larger margin, or a token outside the top two) is a real failure.
+
+The margin comes from the server under test: one prefill of prompt + the common prefix with `max_tokens` 1 and
+two top logprobs (the first token of a request is the target's own prediction, speculation plays no part)."""
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+# bf16 keeps 8 mantissa bits: SmolLM2's logits (|z| ~ 10-30) carry rounding of ~0.05-0.1 each, and a forward over a
+# different batch shape moves them by a few times that. 0.5 nats is well above what we measured for batch effects
+# and well below a wrong token (the margin of a typical greedy choice is several nats).
+NEAR_TIE_NATS = {"float32": 0.0, "bfloat16": 0.5, "float16": 0.25}
+
+
+def near_tie_nats(dtype: str) -> float:
+    """The largest top-2 logprob margin at which a divergence counts as numerical in `dtype` (0: none does)."""
+    return NEAR_TIE_NATS.get(dtype.replace("torch.", ""), 0.0)
+
+
+def is_exact_dtype(dtype: str) -> bool:
+    return near_tie_nats(dtype) == 0.0
+
+
+@dataclass(frozen=True)
+class Divergence:
+    index: int  # first differing output token (tokenised with the target's tokenizer)
+    base_token: str  # the baseline's token there ("" when one output is a prefix of the other)
+    other_token: str
+    margin: float | None  # target's top-1 minus top-2 logprob there, nats (None: could not be measured)
+    # (a divergence to a token outside the top two is real whatever this margin is)
+    top2: tuple[str, ...]  # the target's two most likely tokens there
+    near_tie: bool  # margin <= the dtype's tolerance
+
+    def describe(self) -> str:
+        m = "margin n/a" if self.margin is None else f"top-2 logprob margin {self.margin:.3f} nats"
+        kind = "numerical near-tie" if self.near_tie else "REAL DIFFERENCE"
+        return (f"token {self.index}: {self.base_token!r} vs {self.other_token!r}, target's top 2 {list(self.top2)!r}, "
+                f"{m} ({kind})")
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing element (the shorter length if one is a prefix of the other); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def prompt_ids(tokenizer: Any, item: dict[str, Any]) -> list[int]:
+    """The ids vLLM's OpenAI server feeds the target for a chat (`messages`) or completions (`prompt`) request."""
+    if "messages" in item:
+        ids = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+    return list(tokenizer(item["prompt"])["input_ids"])
+
+
+def top2(url: str, ids: list[int], model: str = "target", timeout: float = 120.0) -> list[tuple[int, float]]:
+    """The target's two most likely next token ids after `ids` and their logprobs, from the server at `url`."""
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "logprobs": 2,
+            "return_tokens_as_token_ids": True}  # keys "token_id:N": no string round trip
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out = json.loads(r.read())
+    tops = out["choices"][0]["logprobs"]["top_logprobs"][0]
+    return sorted(((int(k.split(":", 1)[1]), v) for k, v in tops.items()), key=lambda kv: -kv[1])[:2]
+
+
+def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, other_text: str,
+            dtype: str) -> Divergence | None:
+    """Where two greedy outputs for `item` first differ and the target's top-2 margin there (None: identical)."""
+    a = tokenizer.encode(base_text, add_special_tokens=False)
+    b = tokenizer.encode(other_text, add_special_tokens=False)
+    i = first_difference(a, b)
+    if i is None:
+        return None
+    # an output that ended there ended with the end-of-sequence token (or its length limit)
+    tid = lambda ids: ids[i] if i < len(ids) else tokenizer.eos_token_id  # noqa: E731
+    try:
+        best = top2(url, prompt_ids(tokenizer, item) + a[:i])
+    except (OSError, KeyError, IndexError, ValueError):
+        best = []
+    margin = best[0][1] - best[1][1] if len(best) == 2 else None
+    tol = near_tie_nats(dtype)
+    top = [t for t, _ in best]
+    # a near-tie: the two outputs took the target's two most likely tokens, and those are within `tol` nats
+    near = margin is not None and tol > 0 and margin <= tol and {tid(a), tid(b)} <= set(top)
+    text = lambda t: "" if t is None else tokenizer.decode([t])  # noqa: E731
+    return Divergence(index=i, base_token=text(tid(a)), other_token=text(tid(b)), margin=margin,
+                      top2=tuple(text(t) for t in top), near_tie=near)
+
+
+def summarize(compared: int, divergences: list[Divergence], dtype: str) -> dict[str, Any]:
+    """Counts for a set of greedy comparisons: identical, near-ties, real differences, and whether the check passes
+    (float32: every output identical; bf16: every divergence a near-tie)."""
+    near = [d for d in divergences if d.near_tie]
+    real = [d for d in divergences if not d.near_tie]
+    return {"dtype": dtype, "compared": compared, "identical": compared - len(divergences), "near_ties": len(near),
+            "real": len(real), "passed": not real, "near_tie_nats": near_tie_nats(dtype),
+            "max_near_tie_margin": max((d.margin for d in near), default=None),
+            "divergences": [asdict(d) for d in divergences]}
+
+
+def verdict_line(s: dict[str, Any]) -> str:
+    """One line a newcomer reads correctly: identical, near-ties with their margins, or a real difference."""
+    head = f"greedy outputs identical to no speculation: {s['identical']}/{s['compared']}"
+    if s["identical"] == s["compared"]:
+        return head + (" (float32: exact)" if s["dtype"] == "float32" else f" ({s['dtype']})")
+    if s["passed"]:
+        margins = ", ".join(f"{d['margin']:.3f}" for d in s["divergences"])
+        return (f"{head}; the other {s['near_ties']} differ at numerical near-ties of the target in {s['dtype']} "
+                f"(top-2 logprob margins {margins} nats <= {s['near_tie_nats']}; the target alone does the same "
+                "under a different batch shape; run with --dtype float32 for token-exact output)")
+    return f"{head}; {s['real']} REAL DIFFERENCE(S): " + "; ".join(
+        Divergence(**{**d, "top2": tuple(d["top2"])}).describe() for d in s["divergences"] if not d["near_tie"])
