@@ -143,7 +143,8 @@ def serving_share(target: str, draft: str, num_prompts: int, max_tokens: int) ->
     from vllm_dflash.data.prompts import humaneval_prompts
     from vllm_dflash.metrics import MetricsSink
 
-    llm = LLM(model=target, speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": 7},
+    llm = LLM(model=target, speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": 7,
+                                                        "adaptive": False},
               dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
               kv_cache_memory_bytes=1 << 30)
     prompts = [p["messages"] for p in humaneval_prompts(num_prompts)]

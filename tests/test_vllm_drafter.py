@@ -13,7 +13,8 @@ PROMPTS = [torch.randint(4, 384, (12,), generator=g).tolist() for _ in range(8)]
 
 
 def _spec(pair, b, k=None, **extra):
-    return {"method": "dflash", "model": str(pair / f"draft-b{b}"), "num_speculative_tokens": k or b - 1, **extra}
+    return {"method": "dflash", "model": str(pair / f"draft-b{b}"), "num_speculative_tokens": k or b - 1,
+            "adaptive": False, **extra}  # the fixed block: what these tests check
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ for name in runner.drafter._draft_attn_layer_names:
 @pytest.fixture(scope="module")
 def results(pair):
     t = str(pair / "target")
-    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7}
+    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
     common = {"model": t, "prompts": PROMPTS, "max_tokens": 40, "repeat": 1, "llm_kwargs": SMALL_BLOCKS}
     runs = {
         "base": common,

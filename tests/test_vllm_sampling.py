@@ -36,7 +36,7 @@ def _dist(res):
 
 def test_sampling_distribution(pair):
     t = str(pair / "target")
-    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7}
+    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
     common = {"model": t, "prompts": [PROMPT] * N, "max_tokens": 3, "sampling": SAMPLING, "max_num_seqs": 64}
     base, ours, lossy = run_vllm([
         {**common, "per_prompt_seed": 0},

@@ -25,7 +25,8 @@ def test_metrics_tau_matches_reference_loop(pair, block):
         r = dec.generate(p, max_new_tokens=48)
         stats.merge(r.stats)
         ref_tokens.append(r.token_ids)
-    spec = {"method": "dflash", "model": str(pair / f"draft-b{block}"), "num_speculative_tokens": block - 1}
+    spec = {"method": "dflash", "model": str(pair / f"draft-b{block}"), "num_speculative_tokens": block - 1,
+            "adaptive": False}
     (res,) = run_vllm([{"model": str(pair / "target"), "prompts": PROMPTS, "max_tokens": 48, "speculative_config": spec,
                         "llm_kwargs": {"dtype": "float32"}}])
     assert res["tokens"] == ref_tokens  # same trajectories, so τ is comparable
