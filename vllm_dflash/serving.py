@@ -112,6 +112,9 @@ class Server:
         self.proc.wait(timeout=10)
 
     def __enter__(self) -> "Server":
+        """Starts the server unless `start()` already did (`with Server(...).start(timeout=...) as srv:`)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
         return self.start()
 
     def __exit__(self, *exc) -> None:
