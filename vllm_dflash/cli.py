@@ -32,7 +32,8 @@ def cmd_collect(a: argparse.Namespace) -> int:
     cfg = CollectConfig(target=str(resolve_target(a.target)), out_dir=a.out, sources=tuple(a.sources.split(",")),
                         prompts_file=a.prompts, limit=a.limit, max_new_tokens=a.max_new_tokens,
                         max_prompt_tokens=a.max_prompt_tokens, sample_fraction=a.sample_fraction,
-                        chunk_size=a.chunk_size, max_num_seqs=a.max_num_seqs, seed=a.seed)
+                        chunk_size=a.chunk_size, max_num_seqs=a.max_num_seqs, seed=a.seed,
+                        enforce_eager=a.enforce_eager, dtype=a.dtype, temperature=a.temperature)
     man = collect_ray(cfg, a.ray, address=a.ray_address) if a.ray else collect(cfg)
     print(json.dumps({k: v for k, v in man.items() if k not in ("done_ids", "skipped_ids", "config")}, indent=1))
     return 0
@@ -60,12 +61,14 @@ def cmd_train(a: argparse.Namespace) -> int:
     from vllm_dflash.training.run import run_train
 
     res = run_train(data=a.data, out=a.out, target=a.target, num_layers=a.layers, block_size=a.block_size,
-                    draft_vocab_size=a.draft_vocab or None, batch_size=a.batch_size, num_epochs=a.epochs,
-                    max_steps=a.max_steps, lr=a.lr, anchors_per_seq=a.anchors, max_len=a.max_len,
-                    eval_every=a.eval_every, ckpt_every=a.ckpt_every, diffusion_steps=a.diffusion_steps,
-                    feature_cache=a.feature_cache, threads=a.threads, init_from_target=a.init_from_target,
+                    draft_vocab_size=a.draft_vocab or None, mask_token_id=a.mask_token_id, batch_size=a.batch_size,
+                    num_epochs=a.epochs, max_steps=a.max_steps, lr=a.lr, anchors_per_seq=a.anchors, max_len=a.max_len,
+                    eval_every=a.eval_every, ckpt_every=a.ckpt_every, log_every=a.log_every,
+                    diffusion_steps=a.diffusion_steps, feature_cache=a.feature_cache, threads=a.threads,
+                    init_from_target=a.init_from_target, init_draft=a.init_draft,
                     use_target_features=not a.no_target_features, standardize_features=a.standardize_features,
-                    train_fraction=a.train_fraction)
+                    train_fraction=a.train_fraction, greedy_only=a.greedy_only, precision=a.precision,
+                    run_steps=a.run_steps, run_minutes=a.run_minutes)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -96,7 +99,8 @@ def cmd_export(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     from vllm_dflash.demo import run_demo
 
-    return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode)
+    return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode, dtype=a.dtype,
+                    eager=a.enforce_eager)
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -120,12 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("collect", help="generate training data with the target through vLLM (resumable)")
     s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
     s.add_argument("--out", required=True, help="output folder (resumes what is there)")
-    s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs")
+    s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs",
+                   help="comma-separated prompt sources: code-stdlib, code-codeio, code-pkgs, chat-web, chat-sharegpt "
+                        "(multi-turn; the target answers every turn) (default: %(default)s)")
     s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources")
     s.add_argument("--limit", type=int, default=None)
     s.add_argument("--max-new-tokens", type=int, default=320)
     s.add_argument("--max-prompt-tokens", type=int, default=768)
-    s.add_argument("--sample-fraction", type=float, default=0.25)
+    s.add_argument("--sample-fraction", type=float, default=0.25,
+                   help="share of prompts sampled at --temperature instead of greedy (default: %(default)s)")
+    s.add_argument("--temperature", type=float, default=0.7, help="for the sampled share (default: %(default)s)")
+    s.add_argument("--enforce-eager", action="store_true",
+                   help="disable torch.compile (vLLM's default is compiled: several times faster on CPU)")
+    s.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
+                   help="model dtype (default: bfloat16 on bf16 CPUs and GPUs, float32 on AVX2-only CPUs)")
     s.add_argument("--chunk-size", type=int, default=48)
     s.add_argument("--max-num-seqs", type=int, default=48)
     s.add_argument("--seed", type=int, default=0)
@@ -134,29 +146,47 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=cmd_collect)
 
     s = sub.add_parser("train", help="train (or resume) a DFlash draft on collected trajectories")
-    s.add_argument("--data", required=True, help="a collection folder (vllm-dflash collect --out)")
+    s.add_argument("--data", required=True,
+                   help="collection folder(s) (vllm-dflash collect --out), comma-separated; read again at every start")
     s.add_argument("--out", required=True, help="run folder: checkpoint/, log.jsonl, curves.png, draft/ (resumes)")
-    s.add_argument("--target", default=None)
-    s.add_argument("--layers", type=int, default=1)
-    s.add_argument("--block-size", type=int, default=8)
-    s.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary (0 = full)")
-    s.add_argument("--batch-size", type=int, default=4)
-    s.add_argument("--epochs", type=int, default=1)
-    s.add_argument("--max-steps", type=int, default=None)
-    s.add_argument("--lr", type=float, default=6e-4)
-    s.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence")
-    s.add_argument("--max-len", type=int, default=640)
-    s.add_argument("--eval-every", type=int, default=200)
-    s.add_argument("--ckpt-every", type=int, default=50)
-    s.add_argument("--diffusion-steps", type=int, default=1)
-    s.add_argument("--feature-cache", default=None, help="cache target features on disk here")
-    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--init-draft", default=None,
+                   help="fine-tune: start from this trained draft's weights (architecture and mask from it; the draft "
+                        "vocabulary is rebuilt from the data; new runs only)")
+    s.add_argument("--layers", type=int, default=1, help="draft decoder layers (default: %(default)s)")
+    s.add_argument("--block-size", type=int, default=8, help="draft block size (default: %(default)s)")
+    s.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary (0 = full) (default: %(default)s)")
+    s.add_argument("--mask-token-id", type=int, default=None,
+                   help="mask token (new runs; default: the known id for the target family, e.g. 16 for SmolLM2; "
+                        "required for other targets)")
+    s.add_argument("--batch-size", type=int, default=1, help="sequences per optimizer step (default: %(default)s)")
+    s.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence and step (default: %(default)s)")
+    s.add_argument("--epochs", type=int, default=1, help="passes over the data (default: %(default)s)")
+    s.add_argument("--max-steps", type=int, default=None,
+                   help="total optimizer steps (the lr schedule's length; with --epochs, whichever ends first)")
+    s.add_argument("--lr", type=float, default=6e-4, help="peak lr, 4%% warm-up, cosine to 10%% (default: %(default)s)")
+    s.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="auto: bf16 autocast on GPUs and CPUs with avx512_bf16 / AMX, fp32 elsewhere (default: %(default)s)")
+    s.add_argument("--greedy-only", action=argparse.BooleanOptionalAction, default=True,
+                   help="train on greedy (temperature 0) trajectories only; sampled ones are label noise for greedy serving (default: on)")
+    s.add_argument("--max-len", type=int, default=640, help="tokens per sequence, prompt included (default: %(default)s)")
+    s.add_argument("--eval-every", type=int, default=1000, help="held-out τ every this many steps (default: %(default)s)")
+    s.add_argument("--ckpt-every", type=int, default=500, help="checkpoint every this many steps (and every 5 minutes) (default: %(default)s)")
+    s.add_argument("--log-every", type=int, default=50, help="log a training row every this many steps (default: %(default)s)")
+    s.add_argument("--run-steps", type=int, default=None,
+                   help="stop after this many steps in this invocation (checkpointed; run again to resume)")
+    s.add_argument("--run-minutes", type=float, default=None,
+                   help="stop after this many minutes in this invocation (checkpointed; run again to resume)")
+    s.add_argument("--diffusion-steps", type=int, default=1, help="denoising passes per block (default: %(default)s)")
+    s.add_argument("--feature-cache", default=None, help="cache target features on disk here (bf16, 5.76 KB per "
+                   "token for SmolLM2-135M)")
+    s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     s.add_argument("--init-from-target", action="store_true",
                    help="start the draft layers from the target's last layers (new runs only)")
     s.add_argument("--no-target-features", action="store_true",
                    help="ablation baseline: train without target features (context K/V from zeros; not servable)")
     s.add_argument("--train-fraction", type=float, default=1.0,
-                   help="train on this deterministic share of the training split (data-scaling runs; held-out set unchanged)")
+                   help="train on this deterministic share of the training split (data-scaling runs; held-out set unchanged) (default: %(default)s)")
     s.add_argument("--standardize-features", action="store_true",
                    help="fc sees per-dimension standardised features, folded into fc at export (new runs only; "
                         "no gain measured on SmolLM2)")
@@ -187,11 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
 
-    s = sub.add_parser("demo", help="the main job: serve SmolLM2 with our drafter, print τ and speedup")
-    s.add_argument("--draft", default=str(BUNDLED_DRAFT))
-    s.add_argument("--num-prompts", type=int, default=4)
-    s.add_argument("--max-tokens", type=int, default=128)
-    s.add_argument("--mode", default="serve", choices=["serve", "reference"])
+    s = sub.add_parser("demo", help="the main job: serve SmolLM2 without speculation, with vLLM's n-gram and with our "
+                       "drafter, side by side: tok/s, speedup, tokens per forward, τ, greedy exactness",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("--draft", default=str(BUNDLED_DRAFT), help="DFlash draft folder")
+    s.add_argument("--num-prompts", type=int, default=4, help="HumanEval prompts, sent one at a time")
+    s.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
+    s.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="model dtype (default: the fastest on this machine: bfloat16 with avx512_bf16, else float32); "
+                        "float32 makes every greedy output token-exact")
+    s.add_argument("--enforce-eager", action="store_true", help="skip torch.compile (faster start, slower steps)")
+    s.add_argument("--mode", default="serve", choices=["serve", "reference"],
+                   help="serve: real `vllm serve`; reference: the plain-PyTorch reference loop")
     s.set_defaults(fn=cmd_demo)
 
     from vllm_dflash.bench.run import add_arguments as add_bench_arguments

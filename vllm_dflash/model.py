@@ -240,8 +240,12 @@ class DFlashDraftModel(nn.Module):
         return F.embedding(ids, self.embed_weight).to(self.fc.weight.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> logits over the draft vocabulary [..., V_draft]."""
-        return hidden @ self.lm_head_weight.to(hidden.dtype).t()
+        """hidden [..., H] -> logits over the draft vocabulary [..., V_draft].
+
+        F.linear on a contiguous 2-D view: `hidden @ W.t()` on the strided slices callers pass (block positions
+        1..B-1) runs as a broadcast bmm in fp32, ~3x slower."""
+        flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+        return F.linear(flat, self.lm_head_weight.to(hidden.dtype)).view(*hidden.shape[:-1], -1)
 
     @torch.no_grad()
     def draft_block(self, anchor: torch.Tensor, start_pos: torch.Tensor, ctx_kv: Sequence[KV], *,

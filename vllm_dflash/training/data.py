@@ -34,16 +34,35 @@ class TrajectoryDataset:
 
     @classmethod
     def from_dir(cls, path: str | Path, **kw) -> "TrajectoryDataset":
+        """One collection folder, or several separated by commas (records of a later folder replace those of an
+        earlier one with the same id: the same prompt collected again)."""
         from vllm_dflash.data.collect import load_records
 
-        return cls(load_records(path), **kw)
+        by_id: dict[str, dict[str, Any]] = {}
+        for folder in [p for p in str(path).split(",") if p.strip()]:
+            for r in load_records(folder.strip()):
+                by_id.pop(r["id"], None)  # re-insert: a replaced record moves to the later folder's place
+                by_id[r["id"]] = r
+        return cls(list(by_id.values()), **kw)
+
+    def greedy_only(self) -> "TrajectoryDataset":
+        """Only the trajectories generated greedily (temperature 0): labels a greedy target would emit."""
+        out = TrajectoryDataset([])
+        out.items = [s for s in self.items if s.greedy]
+        out.skipped = self.skipped
+        return out
 
     def split(self, eval_fraction: float = 0.02, max_eval: int = 64) -> tuple["TrajectoryDataset", "TrajectoryDataset"]:
-        """Deterministic split by id hash; the eval split keeps greedy records only (teacher-forced τ is exact)."""
+        """Deterministic split by id hash; the eval split keeps greedy records only (teacher-forced τ is exact).
+
+        A greedy record whose hash falls in the eval range never trains, even past `max_eval`: adding data (or
+        reading folders in another order) can then move records into the eval split but never out of training."""
         tr, ev = TrajectoryDataset([]), TrajectoryDataset([])
         for s in self.items:
-            h = int(hashlib.sha1(s.id.encode()).hexdigest()[:8], 16) / 2**32
-            (ev if (h < eval_fraction and s.greedy and len(ev.items) < max_eval) else tr).items.append(s)
+            if not (s.greedy and heldout_hash(s.id) < eval_fraction):
+                tr.items.append(s)
+            elif len(ev.items) < max_eval:
+                ev.items.append(s)
         return tr, ev
 
     def fraction(self, f: float) -> "TrajectoryDataset":
@@ -62,6 +81,11 @@ class TrajectoryDataset:
 
     def num_response_tokens(self) -> int:
         return sum(len(s.tokens) - s.prompt_len for s in self.items)
+
+
+def heldout_hash(seq_id: str) -> float:
+    """The id's position in [0, 1) that decides the held-out split."""
+    return int(hashlib.sha1(seq_id.encode()).hexdigest()[:8], 16) / 2**32
 
 
 def sample_anchors(seq: Sequence_, num_anchors: int, block_size: int, gen: torch.Generator) -> torch.Tensor:

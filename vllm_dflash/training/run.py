@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm-dflash train`: build (or resume) a draft for a target and train it on collected trajectories."""
+"""`vllm-dflash train`: build (or resume, or fine-tune) a draft for a target and train it on collected trajectories."""
 from __future__ import annotations
 
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -13,15 +13,35 @@ from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
 
+# Mask token ids known per target family, keyed by (model_type, vocab_size) of the target's config: a token the
+# target never reads or writes in chat (docs/MASK_TOKEN.md). Other targets: pass --mask-token-id.
+KNOWN_MASK_TOKEN_IDS: dict[tuple[str, int], int] = {
+    ("llama", 49152): 16,  # SmolLM2 (135M / 360M / 1.7B): 16 <empty_output>
+}
 
-def frequent_vocab(dataset, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
-    """The `size` most frequent response tokens (sorted ids), plus `always` (e.g. eos): the reduced draft vocabulary."""
-    c = Counter()
+
+def default_mask_token_id(target_config: Mapping[str, Any] | Any) -> int:
+    get = target_config.get if isinstance(target_config, Mapping) else (lambda k, d=None: getattr(target_config, k, d))
+    key = (str(get("model_type")), int(get("vocab_size")))
+    if key not in KNOWN_MASK_TOKEN_IDS:
+        raise ValueError(f"no known mask token for a {key[0]} target with vocabulary {key[1]}. Fix: pass "
+                         "--mask-token-id (a token id the target never reads or writes; see docs/MASK_TOKEN.md)")
+    return KNOWN_MASK_TOKEN_IDS[key]
+
+
+def frequent_vocab(dataset, size: int, always: tuple[int, ...] = (), fill_from_prompts: bool = True) -> torch.Tensor:
+    """The `size` most frequent response tokens plus `always` (e.g. eos), as sorted ids: the reduced draft
+    vocabulary. Ties in frequency go to the smaller id. When the responses hold fewer than `size` distinct tokens,
+    the most frequent prompt tokens fill the rest (data collected later will write some of them)."""
+    resp: Counter = Counter()
+    prompt: Counter = Counter()
     for s in dataset.items:
-        c.update(s.tokens[s.prompt_len:])
-    ids = set(always) | {t for t, _ in c.most_common(size)}
-    ids = sorted(ids)[: max(size, len(always))]
-    return torch.tensor(ids, dtype=torch.long)
+        resp.update(s.tokens[s.prompt_len:])
+        if fill_from_prompts:
+            prompt.update(s.tokens[: s.prompt_len])
+    ranked = sorted(resp.items(), key=lambda kv: (-kv[1], kv[0]))
+    ranked += sorted(((t, n) for t, n in prompt.items() if t not in resp), key=lambda kv: (-kv[1], kv[0]))
+    return torch.tensor(sorted(set(always) | {t for t, _ in ranked[:size]}), dtype=torch.long)
 
 
 def init_layers_from_target(draft, target) -> int:
@@ -41,13 +61,45 @@ def init_layers_from_target(draft, target) -> int:
     return copied
 
 
+def init_from_draft(path: str | Path, target, vocab_ids: torch.Tensor | None):
+    """Fine-tuning start: a trained draft's weights (layers, fc, norms) under a new reduced vocabulary. The output
+    layer is the target's frozen lm_head restricted to `vocab_ids`, so the trained weights do not depend on it."""
+    from vllm_dflash.model import DFlashDraftModel
+
+    src = DFlashDraftModel.from_pretrained(path, target=target)
+    cfg = src.config.with_(draft_vocab_size=len(vocab_ids) if vocab_ids is not None else None)
+    draft = DFlashDraftModel(cfg)
+    draft.load_state_dict(src.state_dict())
+    draft.bind_target(target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach(),
+                      vocab_ids)
+    return draft
+
+
+def _heldout_for_run(held, out_dir: Path):
+    """The held-out sequences this run reports its τ curve on: fixed at the run's first start (the split can grow
+    as collection folders grow; every sequence in the split stays out of training either way)."""
+    from vllm_dflash.training.data import TrajectoryDataset
+
+    f = out_dir / "heldout_ids.json"
+    if not f.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps([s.id for s in held.items]))
+        return held
+    keep = set(json.loads(f.read_text()))
+    fixed = TrajectoryDataset([])
+    fixed.items = [s for s in held.items if s.id in keep]
+    return fixed
+
+
 def run_train(*, data: str, out: str, target: str | None = None, num_layers: int = 1, block_size: int = 8,
-              draft_vocab_size: int | None = 8192, mask_token_id: int = 16, batch_size: int = 4, num_epochs: int = 1,
-              max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32, max_len: int = 640,
-              eval_every: int = 200, ckpt_every: int = 50, diffusion_steps: int = 1, feature_cache: str | None = None,
-              threads: int | None = None, init_from_target: bool = False,
-              use_target_features: bool = True, standardize_features: bool = False,
-              train_fraction: float = 1.0) -> dict[str, Any]:
+              draft_vocab_size: int | None = 8192, mask_token_id: int | None = None, batch_size: int = 1,
+              num_epochs: int = 1, max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32,
+              max_len: int = 640, eval_every: int = 1000, ckpt_every: int = 500, log_every: int = 50,
+              diffusion_steps: int = 1, feature_cache: str | None = None, threads: int | None = None,
+              init_from_target: bool = False, init_draft: str | None = None, use_target_features: bool = True,
+              standardize_features: bool = False, train_fraction: float = 1.0, greedy_only: bool = True,
+              precision: str = "auto", run_steps: int | None = None, run_minutes: float | None = None
+              ) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -55,48 +107,71 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
     from vllm_dflash.target import resolve_target
     from vllm_dflash.training.data import TrajectoryDataset
     from vllm_dflash.training.trainer import BlockDiffusionTrainer
+    from vllm_dflash.utils import default_dtype
 
     if threads:
         torch.set_num_threads(threads)
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision {precision!r}: expected auto, bf16 or fp32")
+    autocast = {"auto": default_dtype() == "bfloat16", "bf16": True, "fp32": False}[precision]
     tpath = resolve_target(target)
     tgt = AutoModelForCausalLM.from_pretrained(str(tpath), dtype=torch.float32).eval()
     ds = TrajectoryDataset.from_dir(data, max_len=max_len)
     train, held = ds.split()
+    n_sampled = 0
+    if greedy_only:  # sampled trajectories' labels are noise for a greedy draft (audit: ~16 % differ from greedy)
+        n_sampled = len(train) - len(train.greedy_only())
+        train = train.greedy_only()
     if train_fraction < 1.0:  # data-scaling runs: a fixed share of the training split, same held-out set
         train = train.fraction(train_fraction)
-    logger.info("data: %d train sequences (%d response tokens), %d held-out greedy sequences, %d skipped",
-                len(train), train.num_response_tokens(), len(held), ds.skipped)
     out_dir = Path(out)
+    held_run = _heldout_for_run(held, out_dir)
+    logger.info("data: %d train sequences (%d response tokens), %d held-out greedy sequences (%d in this run's "
+                "curve), %d sampled dropped, %d skipped", len(train), train.num_response_tokens(), len(held),
+                len(held_run), n_sampled, ds.skipped)
     ckpt = out_dir / "checkpoint"
     if (ckpt / "config.json").exists():  # resume: the draft architecture comes from the checkpoint
         draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
     else:
-        cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
-                                      mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size
-                                      ).with_(use_target_features=use_target_features)
-        draft = DFlashDraftModel(cfg)
         vocab_ids = None
         if draft_vocab_size:
             vocab_ids = frequent_vocab(train, draft_vocab_size, always=(tgt.config.eos_token_id,))
-            draft = DFlashDraftModel(cfg.with_(draft_vocab_size=len(vocab_ids)))
-        draft.bind_target(tgt.get_input_embeddings().weight.detach(), tgt.get_output_embeddings().weight.detach(), vocab_ids)
-        tnorm = getattr(getattr(tgt, "model", None), "norm", None)
-        if tnorm is not None and tnorm.weight.shape == draft.norm.weight.shape:
-            # start from the target's final-norm scale: the shared lm_head expects it (initial CE ~9, not ~58)
-            with torch.no_grad():
-                draft.norm.weight.copy_(tnorm.weight.float())
-        if init_from_target:
-            logger.info("draft layers initialised from the target's last %d layer(s): %d tensors copied",
-                        len(draft.layers), init_layers_from_target(draft, tgt))
-    logger.info("draft: %d layers, block %d, %.1fM trainable parameters, draft vocabulary %s",
+        if init_draft:
+            draft = init_from_draft(init_draft, tgt, vocab_ids)
+            if mask_token_id is not None and mask_token_id != draft.config.mask_token_id:
+                raise ValueError(f"--mask-token-id {mask_token_id} differs from the mask of --init-draft "
+                                 f"({draft.config.mask_token_id}). Fix: drop --mask-token-id")
+            logger.info("draft initialised from %s (fine-tuning)", init_draft)
+        else:
+            mask = mask_token_id if mask_token_id is not None else default_mask_token_id(tgt.config)
+            cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
+                                          mask_token_id=mask, draft_vocab_size=draft_vocab_size
+                                          ).with_(use_target_features=use_target_features)
+            if vocab_ids is not None:
+                cfg = cfg.with_(draft_vocab_size=len(vocab_ids))
+            draft = DFlashDraftModel(cfg)
+            draft.bind_target(tgt.get_input_embeddings().weight.detach(), tgt.get_output_embeddings().weight.detach(),
+                              vocab_ids)
+            tnorm = getattr(getattr(tgt, "model", None), "norm", None)
+            if tnorm is not None and tnorm.weight.shape == draft.norm.weight.shape:
+                # start from the target's final-norm scale: the shared lm_head expects it (initial CE ~9, not ~58)
+                with torch.no_grad():
+                    draft.norm.weight.copy_(tnorm.weight.float())
+            if init_from_target:
+                logger.info("draft layers initialised from the target's last %d layer(s): %d tensors copied",
+                            len(draft.layers), init_layers_from_target(draft, tgt))
+    logger.info("draft: %d layers, block %d, %.1fM trainable parameters, draft vocabulary %s, mask %d, %s",
                 draft.config.num_hidden_layers, draft.config.block_size, draft.num_parameters() / 1e6,
-                draft.config.draft_vocab_size or "full")
+                draft.config.draft_vocab_size or "full", draft.config.mask_token_id,
+                "bf16 autocast" if autocast else "fp32")
     trainer = BlockDiffusionTrainer(draft, tgt, out_dir=out_dir, lr=lr, anchors_per_seq=anchors_per_seq,
-                                    ckpt_every=ckpt_every, diffusion_steps=diffusion_steps, feature_cache=feature_cache,
-                                    standardize_features=standardize_features)
-    result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held,
+                                    ckpt_every=ckpt_every, log_every=log_every, diffusion_steps=diffusion_steps,
+                                    feature_cache=feature_cache, standardize_features=standardize_features,
+                                    autocast_bf16=autocast, run_steps=run_steps, run_minutes=run_minutes)
+    result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held_run,
                            eval_every=eval_every, max_steps=max_steps)
     report = trainer.evaluate(held) if len(held) else {}
+    report["sequences"] = len(held)
     trainer.export(out_dir / "draft")
     (out_dir / "report.json").write_text(json.dumps({"train": result, "eval": report}, indent=1))
     return {"train": result, "eval": report, "draft": str(out_dir / "draft")}

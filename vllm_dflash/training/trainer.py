@@ -46,10 +46,13 @@ class TrainConfig:
     max_steps: int | None = None
     anchors_per_seq: int = 32
     gamma: float | None = None
+    run_steps: int | None = None  # stop (and checkpoint) after this many steps in this invocation; resume continues
+    run_minutes: float | None = None  # likewise after this much wall time
     diffusion_steps: int = 1
     reveal_prob: float = 0.5  # with diffusion_steps > 1: share of blocks with a revealed clean prefix
     eval_every: int = 200
     ckpt_every: int = 100
+    ckpt_minutes: float = 5.0  # also checkpoint when this long has passed since the last one
     log_every: int = 10
     seed: int = 0
     autocast_bf16: bool | None = None  # None: on when the device has fast bf16
@@ -71,11 +74,17 @@ def restore_feature_scale(draft: DFlashDraftModel, state: dict[str, Any]) -> Non
 
 
 class TargetFeatures:
-    """Frozen target: features of the draft's target layers for whole sequences, optionally cached on disk."""
+    """Frozen target: features of the draft's target layers for whole sequences, optionally cached on disk
+    (bf16, n_feat * H * 2 bytes per token: 5.76 KB for SmolLM2-135M).
 
-    def __init__(self, target: torch.nn.Module, layer_ids: tuple[int, ...], cache_dir: str | Path | None = None):
+    A cache file is keyed by everything that shapes its features: sequence id, the tokens themselves (so a
+    changed max_len or a re-collected trajectory misses), the target layer ids and the target's compute dtype."""
+
+    def __init__(self, target: torch.nn.Module, layer_ids: tuple[int, ...], cache_dir: str | Path | None = None,
+                 autocast_bf16: bool = False):
         self.target = target.eval().requires_grad_(False)
-        self.layer_ids = layer_ids
+        self.layer_ids = tuple(layer_ids)
+        self.autocast = autocast_bf16  # target forward under bf16 autocast (as vLLM serves it on bf16 hardware)
         self.cache_dir = Path(cache_dir) if cache_dir else None
         if self.cache_dir:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +94,12 @@ class TargetFeatures:
                                  f"draft needs {want}. Fix: use another --feature-cache folder for this draft")
             meta.write_text(json.dumps(want))
 
+    def cache_file(self, s) -> Path:
+        tokens = hashlib.sha1(",".join(map(str, s.tokens)).encode()).hexdigest()
+        dtype = "bf16-autocast" if self.autocast else str(next(self.target.parameters()).dtype).removeprefix("torch.")
+        key = f"{s.id}|{len(s.tokens)}|{tokens}|{','.join(map(str, self.layer_ids))}|{dtype}"
+        return self.cache_dir / f"{hashlib.sha1(key.encode()).hexdigest()}.pt"
+
     @torch.no_grad()
     def __call__(self, seqs: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """-> [N, S_max, n_feat * H] (zero-padded)."""
@@ -92,7 +107,7 @@ class TargetFeatures:
         out: list[torch.Tensor | None] = [None] * len(seqs)
         todo = []
         for i, s in enumerate(seqs):
-            f = self.cache_dir / f"{hashlib.sha1(s.id.encode()).hexdigest()}.pt" if self.cache_dir else None
+            f = self.cache_file(s) if self.cache_dir else None
             if f is not None and f.exists():
                 out[i] = torch.load(f)
             else:
@@ -105,12 +120,13 @@ class TargetFeatures:
                 ids[j, : len(t)] = torch.tensor(t)
                 att[j, : len(t)] = 1
             body = getattr(self.target, "model", self.target)  # the decoder stack: no 49k-vocabulary lm_head
-            hs = body(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                hs = body(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
             feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # layer l's OUTPUT
             for j, i in enumerate(todo):
                 out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16 if self.cache_dir else dtype).cpu()
                 if self.cache_dir:
-                    torch.save(out[i].clone(), self.cache_dir / f"{hashlib.sha1(seqs[i].id.encode()).hexdigest()}.pt")
+                    torch.save(out[i].clone(), self.cache_file(seqs[i]))
         full = torch.zeros(len(seqs), S, out[0].shape[-1], dtype=dtype)
         for i, f in enumerate(out):
             full[i, : f.shape[0]] = f.to(dtype)
@@ -138,7 +154,13 @@ class BlockDiffusionTrainer:
         if not draft_model.is_bound:
             draft_model.bind_target(target_model.get_input_embeddings().weight.detach().float(),
                                     target_model.get_output_embeddings().weight.detach().float())
-        self.features = TargetFeatures(target_model, draft_model.config.target_layer_ids, feature_cache)
+        bf16 = self.cfg.autocast_bf16
+        if bf16 is None:
+            from vllm_dflash.utils import cpu_has_bf16
+
+            bf16 = self.device.type == "cuda" or cpu_has_bf16()
+        self.autocast = bf16
+        self.features = TargetFeatures(target_model, draft_model.config.target_layer_ids, feature_cache, autocast_bf16=bf16)
         params = [p for p in draft_model.parameters() if p.requires_grad]
         self.optimizer = optimizer or torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
                                                         betas=(0.9, 0.95))
@@ -151,12 +173,6 @@ class BlockDiffusionTrainer:
         self.t2d[draft_model.draft_to_target.to(self.device)] = torch.arange(len(draft_model.draft_to_target), device=self.device)
         self.state = {"step": 0, "epoch": 0, "pos": 0, "history": []}
         self._stop = False
-        bf16 = self.cfg.autocast_bf16
-        if bf16 is None:
-            from vllm_dflash.utils import cpu_has_bf16
-
-            bf16 = self.device.type == "cuda" or cpu_has_bf16()
-        self.autocast = bf16
 
     # ------------------------------------------------------------------ objective
     def _batch_loss(self, seqs: list, epoch: int, index0: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -214,6 +230,7 @@ class BlockDiffusionTrainer:
         with torch.no_grad():
             acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
         return loss, {"loss": float(loss.detach()), "acc": float(acc), "tokens": int(valid.sum()),
+                      "blocks": int(anc_valid.sum()),
                       "oov": float(((tgt < 0) & lab_valid.to(dev)).sum() / lab_valid.sum().clamp(min=1))}
 
     # ------------------------------------------------------------------ training
@@ -228,9 +245,24 @@ class BlockDiffusionTrainer:
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_at)
 
+    def total_steps(self, num_sequences: int) -> int:
+        """Steps the run will take: the lr schedule is computed against this, the loop stops at it."""
+        cfg = self.cfg
+        by_epochs = math.ceil(num_sequences / cfg.batch_size) * cfg.num_epochs
+        return min(cfg.max_steps, by_epochs) if cfg.max_steps else by_epochs
+
+    @staticmethod
+    def data_fingerprint(dataset: TrajectoryDataset) -> str:
+        return hashlib.sha1("\n".join(f"{s.id}:{len(s.tokens)}" for s in dataset.items).encode()).hexdigest()[:16]
+
     def train(self, dataset: TrajectoryDataset, batch_size: int | None = None, num_epochs: int | None = None,
               eval_dataset: TrajectoryDataset | None = None, eval_every: int | None = None,
               max_steps: int | None = None, progress: bool = True, resume: bool = True) -> dict[str, Any]:
+        """Train to `total_steps` (epochs or max_steps, whichever ends first), checkpointing as configured.
+
+        Resumable to the step. If the dataset changed since the checkpoint (a collection folder grew), the
+        interrupted epoch is closed and the next one runs over the new data. `run_steps` / `run_minutes` end
+        this invocation early (checkpointed, `paused` in the result): a wrapper re-reads the data and resumes."""
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -238,12 +270,19 @@ class BlockDiffusionTrainer:
         cfg.num_epochs = num_epochs or cfg.num_epochs
         cfg.eval_every = eval_every or cfg.eval_every
         cfg.max_steps = max_steps if max_steps is not None else cfg.max_steps
-        steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
-        total = cfg.max_steps or steps_per_epoch * cfg.num_epochs
+        total = self.total_steps(len(dataset))
         self._make_scheduler(total)
+        fingerprint = self.data_fingerprint(dataset)
         if resume and self.out_dir and (self.out_dir / "checkpoint" / "trainer_state.pt").exists():
             self.load_checkpoint(self.out_dir / "checkpoint")
             logger.info("resumed from step %d (epoch %d, position %d)", self.state["step"], self.state["epoch"], self.state["pos"])
+            if self.state.get("data", fingerprint) != fingerprint and self.state["pos"] > 0:
+                logger.info("training data changed (%d sequences now): epoch %d starts over them",
+                            len(dataset), self.state["epoch"] + 1)
+                self.state["epoch"] += 1
+                self.state["pos"] = 0
+        self.state["data"] = fingerprint
+        step0 = self.state["step"]
         if self.state["step"] == 0 and cfg.standardize_features and "feature_inv_scale" not in self.state \
                 and self.draft.config.use_target_features:
             self._standardize(dataset)
@@ -251,13 +290,14 @@ class BlockDiffusionTrainer:
         for s in old:
             signal.signal(s, self._on_signal)
         bar = tqdm(total=total, initial=self.state["step"], desc="train", unit="step", disable=not progress, dynamic_ncols=True)
-        t_last, tok_acc = time.perf_counter(), 0
+        t_last, tok_acc, blk_acc = time.perf_counter(), 0, 0
         wall0, t_start = float(self.state.get("wall_s", 0.0)), time.perf_counter()  # wall time summed over resumes
+        t_ckpt, paused = t_start, False
         try:
-            while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop:
+            while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop and not paused:
                 e = self.state["epoch"]
                 perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(_seed_of(cfg.seed, "epoch", e)))
-                while self.state["pos"] < len(dataset) and self.state["step"] < total and not self._stop:
+                while self.state["pos"] < len(dataset) and self.state["step"] < total and not self._stop and not paused:
                     p0 = self.state["pos"]
                     idx = perm[p0: p0 + cfg.batch_size].tolist()
                     self.draft.train()
@@ -271,21 +311,33 @@ class BlockDiffusionTrainer:
                     self.state["step"] += 1
                     self.state["wall_s"] = wall0 + time.perf_counter() - t_start
                     tok_acc += info["tokens"]
+                    blk_acc += info["blocks"]
                     step = self.state["step"]
                     bar.update(1)
-                    bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{info['acc']:.2f}")
                     if step % cfg.log_every == 0 or step == total:
-                        dt = time.perf_counter() - t_last
+                        dt = max(time.perf_counter() - t_last, 1e-9)
                         self._log({"step": step, "epoch": e, "loss": info["loss"], "acc": info["acc"],
                                    "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
-                                   "label_tokens_per_s": tok_acc / max(dt, 1e-9), "oov": info["oov"],
-                                   "wall_s": round(self.state["wall_s"], 1)})
-                        t_last, tok_acc = time.perf_counter(), 0
+                                   "blocks_per_s": round(blk_acc / dt, 1), "label_tokens_per_s": round(tok_acc / dt, 1),
+                                   "oov": info["oov"], "wall_s": round(self.state["wall_s"], 1)})
+                        bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{info['acc']:.2f}", blk_s=f"{blk_acc / dt:.0f}")
+                        t_last, tok_acc, blk_acc = time.perf_counter(), 0, 0
                     if eval_dataset is not None and len(eval_dataset) and step % cfg.eval_every == 0:
-                        self._log({"step": step, **{f"eval_{k}": v for k, v in self.evaluate(eval_dataset, estimate_speedup=False).items()
-                                                   if k in ("acceptance_length", "per_position_acceptance")}})
-                    if self.out_dir and step % cfg.ckpt_every == 0:
+                        ev = self.evaluate(eval_dataset, estimate_speedup=False)
+                        self._log({"step": step, "eval_sequences": len(eval_dataset),
+                                   **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance")}})
+                        best = self.state.get("best_eval")
+                        if self.out_dir and (best is None or ev["acceptance_length"] > best["acceptance_length"]):
+                            self.state["best_eval"] = {"step": step, "acceptance_length": ev["acceptance_length"]}
+                            self.export(self.out_dir / "best")  # the serving draft with the best held-out τ so far
+                        t_last, tok_acc, blk_acc = time.perf_counter(), 0, 0  # throughput counts training only
+                    now = time.perf_counter()
+                    paused = (cfg.run_steps is not None and step - step0 >= cfg.run_steps) or \
+                        (cfg.run_minutes is not None and now - t_start >= 60 * cfg.run_minutes)
+                    if self.out_dir and not paused and (step % cfg.ckpt_every == 0 or now - t_ckpt >= 60 * cfg.ckpt_minutes):
                         self.save_checkpoint()
+                        t_ckpt = t_last = time.perf_counter()
+                        tok_acc = blk_acc = 0
                 if self.state["pos"] >= len(dataset):
                     self.state["epoch"] += 1
                     self.state["pos"] = 0
@@ -296,7 +348,8 @@ class BlockDiffusionTrainer:
             if self.out_dir:
                 self.save_checkpoint()
                 self.plot()
-        return {"step": self.state["step"], "epoch": self.state["epoch"], "interrupted": self._stop}
+        return {"step": self.state["step"], "epoch": self.state["epoch"], "total_steps": total,
+                "interrupted": self._stop, "paused": paused and not self._stop}
 
     @torch.no_grad()
     def _standardize(self, dataset: TrajectoryDataset) -> None:

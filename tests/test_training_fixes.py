@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The trainer fixes of the training audit (../shared/reference/training-audit.md §2): output-layer matmul, vocabulary
+truncation, feature-cache keys, greedy-only data, the 1 x 32 bf16 recipe as CLI defaults, several data folders, the
+mask-token default, blocks/s in the log, and pausing / resuming over grown data."""
+import gzip
+import json
+
+import pytest
+import torch
+
+from vllm_dflash.model import DFlashDraftModel
+from vllm_dflash.testing import load_target, tiny_trajectories
+from vllm_dflash.training.data import Sequence_, TrajectoryDataset, heldout_hash
+from vllm_dflash.training.run import KNOWN_MASK_TOKEN_IDS, default_mask_token_id, frequent_vocab
+from vllm_dflash.training.trainer import BlockDiffusionTrainer, TargetFeatures
+
+
+@pytest.fixture(scope="module")
+def tgt(pair):
+    return load_target(pair / "target")
+
+
+@pytest.fixture(scope="module")
+def recs(tgt):
+    return tiny_trajectories(tgt, 24, response_len=20, seed=7)
+
+
+def _write_collection(folder, records):
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / "part-00000.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return folder
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_equal_the_old_formula_on_strided_slices(pair, tgt, dtype):
+    d = DFlashDraftModel.from_pretrained(pair / "draft-b8", target=tgt)
+    hidden = torch.randn(2, 3, 8, d.config.hidden_size).to(dtype)
+    h = hidden[:, :, 1:]  # the non-contiguous slice the trainer and draft_block pass
+    assert not h.is_contiguous()
+    old = h @ d.lm_head_weight.to(dtype).t()
+    new = d.logits(h)
+    assert new.shape == old.shape and new.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(new, old, atol=tol, rtol=tol)
+
+
+def test_frequent_vocab_drops_the_least_frequent_not_the_largest_ids():
+    seqs = [Sequence_("a", (0, 900, 900, 900, 5, 5, 7), 1, True)]  # 900 x3, 5 x2, 7 x1 (0 is the prompt)
+    ds = TrajectoryDataset([])
+    ds.items = seqs
+    assert frequent_vocab(ds, 2).tolist() == [5, 900]
+    assert frequent_vocab(ds, 2, always=(2,)).tolist() == [2, 5, 900]  # `always` comes on top of the `size`
+    assert frequent_vocab(ds, 10).tolist() == [0, 5, 7, 900]  # prompt tokens fill a vocabulary the responses leave short
+    assert frequent_vocab(ds, 10, fill_from_prompts=False).tolist() == [5, 7, 900]
+    assert frequent_vocab(ds, 3).tolist() == [5, 7, 900]  # response tokens first
+
+
+def test_feature_cache_key_covers_what_shapes_the_features(tgt, recs, tmp_path):
+    long_ = TrajectoryDataset(recs[:1], max_len=64)[0]
+    short = TrajectoryDataset(recs[:1], max_len=20)[0]
+    assert long_.id == short.id and len(long_.tokens) != len(short.tokens)
+    f = TargetFeatures(tgt, (0, 1), tmp_path / "c")
+    assert f.cache_file(long_) != f.cache_file(short)
+    assert TargetFeatures(tgt, (0, 1), tmp_path / "c", autocast_bf16=True).cache_file(long_) != f.cache_file(long_)
+    assert TargetFeatures(tgt, (1, 2), tmp_path / "c2").cache_file(long_).name != f.cache_file(long_).name
+    # a cached long sequence must not be served for the truncated one (the old id-only key zero-padded it)
+    full = f([long_], torch.device("cpu"), torch.float32)
+    cut = f([short], torch.device("cpu"), torch.float32)
+    assert cut.shape[1] == len(short.tokens) and len(list((tmp_path / "c").glob("*.pt"))) == 2
+    torch.testing.assert_close(cut[0], full[0, : len(short.tokens)], atol=0.05, rtol=0.05)  # causal target, bf16 cache
+
+
+def test_greedy_only_and_a_split_that_never_trains_on_held_out_ids():
+    recs = [{"id": f"s{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5, 6], "temperature": 0.7 if i % 4 == 0 else 0.0}
+            for i in range(3000)]
+    ds = TrajectoryDataset(recs)
+    tr, ev = ds.split(eval_fraction=0.05, max_eval=10)
+    assert len(ev) == 10 and all(s.greedy for s in ev.items)
+    assert not any(s.greedy and heldout_hash(s.id) < 0.05 for s in tr.items)  # past the cap: dropped, not trained
+    g = tr.greedy_only()
+    assert len(g) < len(tr) and all(s.greedy for s in g.items)
+
+
+def test_data_from_several_folders(recs, tmp_path):
+    a = _write_collection(tmp_path / "v1", [dict(r, temperature=0.7) for r in recs[:10]])
+    b = _write_collection(tmp_path / "v2", recs[5:15])  # ids 5..9 collected again (greedy)
+    ds = TrajectoryDataset.from_dir(f"{a},{b}")
+    assert [s.id for s in ds.items] == [r["id"] for r in recs[:15]]
+    assert [s.greedy for s in ds.items] == [False] * 5 + [True] * 10  # the later folder's record wins
+
+
+def test_mask_token_default_comes_from_a_table_of_known_targets(tgt):
+    assert default_mask_token_id({"model_type": "llama", "vocab_size": 49152}) == 16
+    assert KNOWN_MASK_TOKEN_IDS[("llama", 49152)] == 16
+    with pytest.raises(ValueError, match="--mask-token-id"):
+        default_mask_token_id({"model_type": "qwen3", "vocab_size": 151936})
+
+
+def test_cli_defaults_are_the_audit_recipe(monkeypatch):
+    import vllm_dflash.training.run as run
+    from vllm_dflash.cli import main
+
+    seen = {}
+    monkeypatch.setattr(run, "run_train", lambda **kw: seen.update(kw) or {})
+    assert main(["train", "--data", "a,b", "--out", "x"]) == 0
+    assert seen["batch_size"] == 1 and seen["anchors_per_seq"] == 32 and seen["precision"] == "auto"
+    assert seen["greedy_only"] is True and seen["mask_token_id"] is None and seen["data"] == "a,b"
+    main(["train", "--data", "a", "--out", "x", "--no-greedy-only", "--precision", "fp32"])
+    assert seen["greedy_only"] is False and seen["precision"] == "fp32"
+
+
+def _trainer(pair, tgt, out, **kw):
+    torch.manual_seed(0)
+    d = DFlashDraftModel.from_pretrained(pair / "draft-b8", target=tgt)
+    d.init_weights(0.05)
+    return BlockDiffusionTrainer(d, tgt, out_dir=out, lr=3e-3, anchors_per_seq=8, log_every=1, ckpt_every=1000,
+                                 autocast_bf16=False, **kw)
+
+
+def test_schedule_follows_the_real_step_count_and_logs_blocks_per_s(pair, tgt, recs, tmp_path):
+    ds = TrajectoryDataset(recs[:8])
+    held = TrajectoryDataset(recs[20:22])
+    t = _trainer(pair, tgt, tmp_path / "r", eval_every=8)
+    out = t.train(ds, batch_size=1, num_epochs=2, max_steps=1000, eval_dataset=held, progress=False)  # 16 steps
+    assert out["step"] == out["total_steps"] == 16
+    rows = [r for r in t.state["history"] if "loss" in r]
+    assert all(r["blocks_per_s"] > 0 for r in rows)
+    assert rows[-1]["lr"] == pytest.approx(0.1 * 3e-3)  # the cosine reached its floor at the last step
+    evals = [r for r in t.state["history"] if "eval_acceptance_length" in r]
+    assert [r["step"] for r in evals] == [8, 16] and evals[0]["eval_sequences"] == 2
+    assert t.state["best_eval"]["acceptance_length"] == max(r["eval_acceptance_length"] for r in evals)
+    assert (tmp_path / "r" / "best" / "model.safetensors").exists()
+
+
+def test_pause_resume_over_grown_data(pair, tgt, recs, tmp_path):
+    """run_steps pauses like SIGTERM (exact resume); a grown dataset on resume starts the next epoch over it."""
+    ds = TrajectoryDataset(recs[:8])
+    full = _trainer(pair, tgt, tmp_path / "full")
+    full.train(ds, batch_size=2, num_epochs=2, progress=False)
+    part = _trainer(pair, tgt, tmp_path / "part", run_steps=3)
+    out = part.train(ds, batch_size=2, num_epochs=2, progress=False)
+    assert out["paused"] and not out["interrupted"] and out["step"] == 3
+    resumed = _trainer(pair, tgt, tmp_path / "part")
+    resumed.train(ds, batch_size=2, num_epochs=2, progress=False)
+    for (k, a), (_, b) in zip(full.draft.state_dict().items(), resumed.draft.state_dict().items()):
+        assert torch.equal(a, b), k
+
+    grown = TrajectoryDataset(recs[:12])
+    g = _trainer(pair, tgt, tmp_path / "grow", run_steps=2)
+    g.train(ds, batch_size=2, num_epochs=3, progress=False)
+    g2 = _trainer(pair, tgt, tmp_path / "grow", run_steps=1)
+    g2.train(grown, batch_size=2, num_epochs=3, progress=False)
+    assert g2.state["epoch"] == 1 and g2.state["pos"] == 2 and g2.state["step"] == 3
+
+
+def test_run_train_end_to_end_two_folders_fine_tune(pair, tgt, recs, tmp_path):
+    """vllm-dflash train on two folders, fine-tuned from a trained draft, paused and resumed with more data."""
+    from vllm_dflash.training.run import run_train
+
+    a = _write_collection(tmp_path / "v1", recs[:12])
+    b = _write_collection(tmp_path / "v2", recs[12:16])
+    kw = dict(out=str(tmp_path / "run"), target=str(pair / "target"), init_draft=str(pair / "draft-b8"),
+              draft_vocab_size=64, max_steps=40, num_epochs=100, anchors_per_seq=4, eval_every=5, log_every=1,
+              precision="fp32", run_steps=3, feature_cache=str(tmp_path / "feat"))
+    r1 = run_train(data=str(a), **kw)
+    assert r1["train"]["paused"] and r1["train"]["step"] == 3
+    r2 = run_train(data=f"{a},{b}", **kw)
+    assert r2["train"]["step"] == 6 and 1.0 <= r2["eval"].get("acceptance_length", 1.0)
+    d = DFlashDraftModel.from_pretrained(tmp_path / "run" / "draft", target=tgt)
+    assert d.config.mask_token_id == DFlashDraftModel.from_pretrained(pair / "draft-b8").config.mask_token_id
+    assert d.config.draft_vocab_size is not None and d.config.draft_vocab_size <= 65
+    with pytest.raises(ValueError, match="--mask-token-id"):  # a tiny target has no known mask token
+        run_train(data=str(a), out=str(tmp_path / "other"), target=str(pair / "target"), max_steps=1, precision="fp32")
