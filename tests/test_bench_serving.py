@@ -174,7 +174,7 @@ def test_bench_quick_tiny_pair(pair, tmp_path):
     cmd = [sys.executable, "benchmarks/bench_serving.py", "--quick", "--target", str(pair / "target"),
            "--draft", str(pair / "draft-b8"), "--configs", "none,ours,ours-adaptive", "--concurrency", "1",
            "--prompt-sets", "humaneval", "--max-tokens", "32", "--max-model-len", "1024", "--kv-cache-gib", "1",
-           "--out-dir", str(tmp_path), "--name", "tiny", "--log-dir", str(tmp_path / "logs")]
+           "--out-dir", str(tmp_path), "--name", "tiny", "--log-dir", str(tmp_path / "logs"), "--enforce-eager"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -129,7 +129,8 @@ def render_markdown(result: dict[str, Any]) -> str:
            "between runs), "
            f"concurrency {', '.join(map(str, m['concurrency']))}; streaming OpenAI chat clients (asyncio); "
            "one warm-up request per prompt set before measuring",
-           f"- engine (every configuration): `vllm serve --dtype {eng['dtype']} --enforce-eager --max-model-len "
+           f"- engine (every configuration): `vllm serve --dtype {eng['dtype']}"
+           f"{' --enforce-eager' if eng.get('enforce_eager', True) else ''} --max-model-len "
            f"{eng['max_model_len']} --max-num-seqs {eng['max_num_seqs']}`, VLLM_CPU_KVCACHE_SPACE={eng['kv_cache_gib']} "
            f"GiB, OMP_NUM_THREADS={lay['omp_num_threads']}, VLLM_CPU_OMP_THREADS_BIND={lay['cpu_bind']}, "
            + (f"LD_PRELOAD={lay['ld_preload']}" if lay.get("ld_preload") else "no LD_PRELOAD (vLLM warns that CPU "

@@ -57,7 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE of every server")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest concurrency")
-    p.add_argument("--dtype", default=None, help="model dtype of every server (default: vllm_dflash's default_dtype)")
+    p.add_argument("--dtype", default=None, help="model dtype of every server (default: the machine's fastest: bfloat16 "
+                   "with avx512_bf16, else float32)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run every server eager (default: vLLM's default, torch.compile; ~1-2 min more start-up each)")
     p.add_argument("--spec-extra", action="append", default=[], metavar="CONFIG:KEY=VALUE",
                    help="extra speculative-config key for one configuration (JSON value), repeatable")
     p.add_argument("--env", action="append", default=[], metavar="CONFIG:KEY=VALUE",
@@ -65,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--name", default=None, help="output file stem (default bench_serving / bench_serving_quick)")
     p.add_argument("--log-dir", default=None, help="server logs (default: runs/bench_serving/<name>)")
-    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for a server to become healthy")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--fail-on-mismatch", action="store_true",
                    help="exit 3 when a greedy output differs from none beyond a numerical near-tie (float32: any "
@@ -233,7 +236,7 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "target": str(target), "draft": str(draft) if draft else None, "draft_trained": trained,
             "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
             "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
-            "engine": {"dtype": dtype, "enforce_eager": True, "max_model_len": a.max_model_len,
+            "engine": {"dtype": dtype, "enforce_eager": a.enforce_eager, "max_model_len": a.max_model_len,
                        "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib},
             "layout": {"omp_num_threads": a.threads,
                        "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
@@ -368,6 +371,7 @@ def run_from_args(a: argparse.Namespace) -> int:
             continue
         server = Server(str(target), speculative_config=spec, extra_args=["--max-num-seqs", str(max_num_seqs)],
                         env={**base_env, **cfg.env}, max_model_len=a.max_model_len, dtype=dtype,
+                        enforce_eager=a.enforce_eager,
                         log_path=str(log_dir / f"{cfg.name}.log"))
         result["runs"] += _bench_config(server, cfg, entry, prompts, levels, a, t_start, baseline, tokenizer)
     stats.attach_baseline(result["runs"])
