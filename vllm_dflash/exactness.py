@@ -5,15 +5,15 @@ Speculative decoding is lossless: with greedy sampling the output equals the tar
 exact in float32. In bfloat16 the target itself is not batch-invariant on CPU (a GEMM over 5 query tokens rounds
 differently from one over 1), so the target's greedy choice can flip wherever its top two tokens are nearly tied,
 with or without speculation (vLLM's own n-gram drafter diverges as often as ours). A divergence is therefore
-judged by the target's top-2 logprob margin at the first differing token:
+judged by the target's logprobs at the first differing token:
 
   float32   any divergence fails the check;
-  bfloat16  a divergence where the two outputs took the target's two most likely tokens, whose logprobs are at
-            most `near_tie_nats(dtype)` apart, is a numerical near-tie (reported, not a failure); anything else (a
-            larger margin, or a token outside the top two) is a real failure.
+  bfloat16  a divergence where both outputs took tokens within `near_tie_nats(dtype)` of the target's best logprob
+            (usually its top two; three-way ties happen, bf16 logits move in 1/8-nat steps) is a numerical near-tie
+            (reported, not a failure); anything else is a real failure.
 
 The margin comes from the server under test: one prefill of prompt + the common prefix with `max_tokens` 1 and
-two top logprobs (the first token of a request is the target's own prediction, speculation plays no part)."""
+the top TOP_K logprobs (the first token of a request is the target's own prediction, speculation plays no part)."""
 from __future__ import annotations
 
 import json
@@ -28,7 +28,7 @@ NEAR_TIE_NATS = {"float32": 0.0, "bfloat16": 0.5, "float16": 0.25}
 
 
 def near_tie_nats(dtype: str) -> float:
-    """The largest top-2 logprob margin at which a divergence counts as numerical in `dtype` (0: none does)."""
+    """The largest logprob margin (below the target's best token) at which a divergence counts as numerical in `dtype` (0: none does)."""
     return NEAR_TIE_NATS.get(dtype.replace("torch.", ""), 0.0)
 
 
@@ -41,15 +41,16 @@ class Divergence:
     index: int  # first differing output token (tokenised with the target's tokenizer)
     base_token: str  # the baseline's token there ("" when one output is a prefix of the other)
     other_token: str
-    margin: float | None  # target's top-1 minus top-2 logprob there, nats (None: could not be measured)
-    # (a divergence to a token outside the top two is real whatever this margin is)
-    top2: tuple[str, ...]  # the target's two most likely tokens there
+    margin: float | None  # the target's best logprob there minus that of the less likely of the two chosen tokens,
+    # nats (None: one of them is not among the target's TOP_K tokens, or the server could not be asked)
+    top2: tuple[str, ...]  # the target's most likely tokens there (up to three, best first)
     near_tie: bool  # margin <= the dtype's tolerance
 
     def describe(self) -> str:
-        m = "margin n/a" if self.margin is None else f"top-2 logprob margin {self.margin:.3f} nats"
+        m = ("a token outside the target's top choices" if self.margin is None
+             else f"logprob margin {self.margin:.3f} nats")
         kind = "numerical near-tie" if self.near_tie else "REAL DIFFERENCE"
-        return (f"token {self.index}: {self.base_token!r} vs {self.other_token!r}, target's top 2 {list(self.top2)!r}, "
+        return (f"token {self.index}: {self.base_token!r} vs {self.other_token!r}, target's top {list(self.top2)!r}, "
                 f"{m} ({kind})")
 
 
@@ -69,21 +70,26 @@ def prompt_ids(tokenizer: Any, item: dict[str, Any]) -> list[int]:
     return list(tokenizer(item["prompt"])["input_ids"])
 
 
-def top2(url: str, ids: list[int], model: str = "target", timeout: float = 120.0) -> list[tuple[int, float]]:
-    """The target's two most likely next token ids after `ids` and their logprobs, from the server at `url`."""
-    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "logprobs": 2,
+TOP_K = 5  # logprobs asked for: a near-tie between three tokens (bf16 logits are 1/8-nat steps) is still one
+
+
+def top_tokens(url: str, ids: list[int], model: str = "target", timeout: float = 120.0,
+         k: int = TOP_K) -> list[tuple[int, float]]:
+    """The target's `k` most likely next token ids after `ids` with their logprobs, best first, from the server at
+    `url`."""
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "logprobs": k,
             "return_tokens_as_token_ids": True}  # keys "token_id:N": no string round trip
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         out = json.loads(r.read())
     tops = out["choices"][0]["logprobs"]["top_logprobs"][0]
-    return sorted(((int(k.split(":", 1)[1]), v) for k, v in tops.items()), key=lambda kv: -kv[1])[:2]
+    return sorted(((int(k_.split(":", 1)[1]), v) for k_, v in tops.items()), key=lambda kv: -kv[1])
 
 
 def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, other_text: str,
             dtype: str) -> Divergence | None:
-    """Where two greedy outputs for `item` first differ and the target's top-2 margin there (None: identical)."""
+    """Where two greedy outputs for `item` first differ and the target's logprob margin there (None: identical)."""
     a = tokenizer.encode(base_text, add_special_tokens=False)
     b = tokenizer.encode(other_text, add_special_tokens=False)
     i = first_difference(a, b)
@@ -92,17 +98,19 @@ def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, othe
     # an output that ended there ended with the end-of-sequence token (or its length limit)
     tid = lambda ids: ids[i] if i < len(ids) else tokenizer.eos_token_id  # noqa: E731
     try:
-        best = top2(url, prompt_ids(tokenizer, item) + a[:i])
+        best = top_tokens(url, prompt_ids(tokenizer, item) + a[:i])
     except (OSError, KeyError, IndexError, ValueError):
         best = []
-    margin = best[0][1] - best[1][1] if len(best) == 2 else None
+    lp = dict(best)
     tol = near_tie_nats(dtype)
-    top = [t for t, _ in best]
-    # a near-tie: the two outputs took the target's two most likely tokens, and those are within `tol` nats
-    near = margin is not None and tol > 0 and margin <= tol and {tid(a), tid(b)} <= set(top)
+    ta, tb = tid(a), tid(b)
+    # margin: how far the less likely of the two chosen tokens is below the target's best token (nats); None when
+    # one of them is not even among its TOP_K (then it is far from a tie)
+    margin = best[0][1] - min(lp[ta], lp[tb]) if best and ta in lp and tb in lp else None
+    near = margin is not None and tol > 0 and margin <= tol
     text = lambda t: "" if t is None else tokenizer.decode([t])  # noqa: E731
-    return Divergence(index=i, base_token=text(tid(a)), other_token=text(tid(b)), margin=margin,
-                      top2=tuple(text(t) for t in top), near_tie=near)
+    return Divergence(index=i, base_token=text(ta), other_token=text(tb), margin=margin,
+                      top2=tuple(text(t) for t, _ in best[:3]), near_tie=near)
 
 
 def summarize(compared: int, divergences: list[Divergence], dtype: str) -> dict[str, Any]:
@@ -124,7 +132,7 @@ def verdict_line(s: dict[str, Any]) -> str:
     if s["passed"]:
         margins = ", ".join(f"{d['margin']:.3f}" for d in s["divergences"])
         return (f"{head}; the other {s['near_ties']} differ at numerical near-ties of the target in {s['dtype']} "
-                f"(top-2 logprob margins {margins} nats <= {s['near_tie_nats']}; the target alone does the same "
+                f"(logprob margins {margins} nats <= {s['near_tie_nats']}; the target alone does the same "
                 "under a different batch shape; run with --dtype float32 for token-exact output)")
     return f"{head}; {s['real']} REAL DIFFERENCE(S): " + "; ".join(
         Divergence(**{**d, "top2": tuple(d["top2"])}).describe() for d in s["divergences"] if not d["near_tie"])
