@@ -2,7 +2,8 @@
 """`vllm-dflash collect`: target-generated training data through vLLM, resumable, shardable on Ray.
 
 Layout of an output folder:
-  prompts.jsonl.gz   the frozen, ordered prompt list (written once; resuming reuses it)
+  prompt_ids.txt.gz  the frozen, ordered prompt ids (written once; resuming rebuilds the prompts from the same
+                     sources in this order; older folders hold the full list as prompts.jsonl.gz)
   part-00000.npz ... completed chunks, each written atomically (tmp + rename): token ids as one compressed
                      uint16 array (uint32 for vocabularies past 65,535) with offsets, plus the records' metadata
                      (older folders hold part-*.jsonl.gz; both are read)
@@ -115,23 +116,40 @@ def load_records(out_dir: str | Path) -> list[dict[str, Any]]:
     return recs
 
 
-def _frozen_prompts(cfg: CollectConfig) -> list[dict[str, Any]]:
-    out = Path(cfg.out_dir)
-    path = out / "prompts.jsonl.gz"
-    if path.exists():
-        return list(read_jsonl(path))
+def _source_prompts(cfg: CollectConfig) -> list[dict[str, Any]]:
     if cfg.prompts_file:
         from vllm_dflash.data.prompts import load_prompt_file
 
-        items = load_prompt_file(cfg.prompts_file)
-    else:
-        from vllm_dflash.data.sources import training_prompts
+        return load_prompt_file(cfg.prompts_file)
+    from vllm_dflash.data.sources import training_prompts
 
-        items = training_prompts(list(cfg.sources), seed=cfg.seed)
+    return training_prompts(list(cfg.sources), seed=cfg.seed)
+
+
+def _frozen_prompts(cfg: CollectConfig) -> list[dict[str, Any]]:
+    """The ordered prompt list of a collection folder, frozen at its first start. Only the ids are stored
+    (prompt_ids.txt.gz, a few hundred KB instead of the prompts' text); a resume rebuilds the items from the same
+    sources (pinned packages) and keeps that order, dropping ids a source no longer yields (logged). Older folders
+    hold the full list (prompts.jsonl.gz) and are read as they are."""
+    out = Path(cfg.out_dir)
+    legacy = out / "prompts.jsonl.gz"
+    if legacy.exists():
+        return list(read_jsonl(legacy))
+    order = out / "prompt_ids.txt.gz"
+    items = _source_prompts(cfg)
+    if order.exists():
+        by_id = {it["id"]: it for it in items}
+        with gzip.open(order, "rt") as f:
+            ids = f.read().splitlines()
+        missing = sum(i not in by_id for i in ids)
+        if missing:
+            logger.warning("collect: %d of %d frozen prompt ids are no longer produced by the sources; skipped",
+                           missing, len(ids))
+        return [by_id[i] for i in ids if i in by_id]
     if cfg.limit:
         items = items[: cfg.limit]
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, "".join(json.dumps(it) + "\n" for it in items), gz=True)
+    _write_atomic(order, "".join(it["id"] + "\n" for it in items), gz=True)
     return items
 
 
