@@ -120,12 +120,15 @@ void epilogue(const at::Tensor& kv, const at::Tensor& positions, const at::Tenso
   const T* kw = knw.data_ptr<T>();
   const T* csp = cs.data_ptr<T>();
   const int64_t* pos = positions.data_ptr<int64_t>();
+  // Validate before the parallel region: nothing may throw inside it (an exception leaving an OpenMP worker is
+  // undefined behaviour; it crashed a build with another compiler than torch's, H200 machine, torch 2.11).
+  for (int64_t t = 0; t < n_tokens; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "positions: ", pos[t], " is outside the RoPE cache (", max_pos, " rows)");
   at::parallel_for(0, n_tokens * d.L, 8, [&](int64_t b, int64_t e) {
     float k[512];
     for (int64_t i = b; i < e; ++i) {
       const int64_t t = i / d.L, l = i % d.L;
       const int64_t p = pos[t];
-      TORCH_CHECK(p >= 0 && p < max_pos, "positions: ", p, " is outside the RoPE cache (", max_pos, " rows)");
       const T* src = kvp + t * row + l * 2 * kvsz;
       for (int64_t h = 0; h < d.nkv; ++h) {
         const T* ks = src + h * d.hd;
@@ -171,11 +174,14 @@ void write_cache(const at::Tensor& kv, const at::Tensor& positions, const at::Te
                  const std::vector<void*>& base, const std::vector<int64_t>& sb, const std::vector<int64_t>& sh,
                  const std::vector<int64_t>& nb) {
   const int64_t hd = d.hd;
+  for (int64_t t = 0; t < n; ++t)  // validated up front: nothing throws inside the parallel epilogue
+    for (int64_t l = 0; l < d.L; ++l)
+      TORCH_CHECK(slots[t] < 0 || slots[t] / bs < nb[l], "slot_mapping: slot ", slots[t], " beyond the cache (",
+                  nb[l], " blocks)");
   epilogue<T>(kv, positions, knw, cs, d, eps, neox, n, [&](int64_t t, int64_t l, int64_t h, const float* k, const T* v) {
     const int64_t s = slots[t];
     if (s < 0) return;  // padding
     const int64_t blk = s / bs, off = s % bs;
-    TORCH_CHECK(blk < nb[l], "slot_mapping: slot ", s, " beyond the cache (", nb[l], " blocks)");
     T* p = static_cast<T*>(base[l]) + blk * sb[l] + h * sh[l];
     for (int64_t j = 0; j < hd; ++j) p[j * bs + off] = from_f<T>(k[j]);  // K: [hd, block_size]
     T* pv = p + bs * hd + off * hd;                                      // V: [block_size, hd]
