@@ -128,7 +128,7 @@ def test_schedule_follows_the_real_step_count_and_logs_blocks_per_s(pair, tgt, r
     assert all(r["blocks_per_s"] > 0 for r in rows)
     assert rows[-1]["lr"] == pytest.approx(0.1 * 3e-3)  # the cosine reached its floor at the last step
     evals = [r for r in t.state["history"] if "eval_acceptance_length" in r]
-    assert [r["step"] for r in evals] == [8, 16] and evals[0]["eval_sequences"] == 2
+    assert [r["step"] for r in evals] == [0, 8, 16] and evals[0]["eval_sequences"] == 2  # 0: the starting point
     assert t.state["best_eval"]["acceptance_length"] == max(r["eval_acceptance_length"] for r in evals)
     assert (tmp_path / "r" / "best" / "model.safetensors").exists()
 
@@ -172,3 +172,37 @@ def test_run_train_end_to_end_two_folders_fine_tune(pair, tgt, recs, tmp_path):
     assert d.config.draft_vocab_size is not None and d.config.draft_vocab_size <= 65
     with pytest.raises(ValueError, match="--mask-token-id"):  # a tiny target has no known mask token
         run_train(data=str(a), out=str(tmp_path / "other"), target=str(pair / "target"), max_steps=1, precision="fp32")
+
+
+def test_time_budget_fits_the_schedule_to_the_measured_rate(pair, tgt, recs, tmp_path, monkeypatch):
+    """--time-budget-minutes: after the probe steps the schedule's length is the steps that fit in the budget at
+    the measured rate (so the cosine really reaches its floor), and the run stops there. A fake clock makes every
+    step take exactly 1 s, so the expected length is known: 60 s * (1 - reserve) = 51 steps."""
+    import vllm_dflash.training.trainer as trainer_mod
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock["t"])
+    ds = TrajectoryDataset(recs[:8])
+    t = _trainer(pair, tgt, tmp_path / "tb", time_budget_minutes=1.0, probe_steps=4, budget_reserve=0.15)
+    real_loss = t._batch_loss
+
+    def one_second_step(*a, **kw):
+        clock["t"] += 1.0
+        return real_loss(*a, **kw)
+
+    t._batch_loss = one_second_step
+    out = t.train(ds, batch_size=1, num_epochs=10_000, progress=False)
+    assert t.state["horizon"] == out["total_steps"] == out["step"] == 51, out
+    rows = [r for r in t.state["history"] if "loss" in r]
+    assert rows[-1]["lr"] == pytest.approx(0.1 * 3e-3)  # the schedule ended at its floor, not mid-decay
+
+
+def test_bad_device_is_named_before_training(pair, recs, tmp_path):
+    from vllm_dflash.training.run import run_train
+
+    a = _write_collection(tmp_path / "v1", recs[:4])
+    with pytest.raises(ValueError, match="--device"):
+        run_train(data=str(a), out=str(tmp_path / "r"), target=str(pair / "target"), device="tpu", max_steps=1)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            run_train(data=str(a), out=str(tmp_path / "r"), target=str(pair / "target"), device="cuda", max_steps=1)

@@ -33,7 +33,8 @@ def cmd_collect(a: argparse.Namespace) -> int:
                         prompts_file=a.prompts, limit=a.limit, max_new_tokens=a.max_new_tokens,
                         max_prompt_tokens=a.max_prompt_tokens, sample_fraction=a.sample_fraction,
                         chunk_size=a.chunk_size, max_num_seqs=a.max_num_seqs, seed=a.seed,
-                        enforce_eager=a.enforce_eager, dtype=a.dtype, temperature=a.temperature)
+                        enforce_eager=a.enforce_eager, dtype=a.dtype, temperature=a.temperature,
+                        exclude_collected=tuple(f for f in (a.exclude_collected or "").split(",") if f))
     man = collect_ray(cfg, a.ray, address=a.ray_address) if a.ray else collect(cfg)
     print(json.dumps({k: v for k, v in man.items() if k not in ("done_ids", "skipped_ids", "config")}, indent=1))
     return 0
@@ -68,7 +69,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                     init_from_target=a.init_from_target, init_draft=a.init_draft,
                     use_target_features=not a.no_target_features, standardize_features=a.standardize_features,
                     train_fraction=a.train_fraction, greedy_only=a.greedy_only, precision=a.precision,
-                    run_steps=a.run_steps, run_minutes=a.run_minutes)
+                    run_steps=a.run_steps, run_minutes=a.run_minutes, device=a.device,
+                    time_budget_minutes=a.time_budget_minutes)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -141,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--chunk-size", type=int, default=48)
     s.add_argument("--max-num-seqs", type=int, default=48)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--exclude-collected", default=None, metavar="DIRS",
+                   help="comma-separated collection folders: skip prompts they already answered (another machine's "
+                        "share of the same list)")
     s.add_argument("--ray", type=int, default=0, metavar="N", help="shard over N Ray actors (one vLLM engine each)")
     s.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     s.set_defaults(fn=cmd_collect)
@@ -177,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="stop after this many steps in this invocation (checkpointed; run again to resume)")
     s.add_argument("--run-minutes", type=float, default=None,
                    help="stop after this many minutes in this invocation (checkpointed; run again to resume)")
+    s.add_argument("--device", default="auto", help="auto (a CUDA GPU when torch sees one), cpu or cuda[:N] "
+                   "(default: %(default)s)")
+    s.add_argument("--time-budget-minutes", type=float, default=None,
+                   help="fit the lr schedule to this much time: after 20 steps the schedule's length becomes the steps "
+                        "that fit at the measured rate, and the run stops when the time is spent")
     s.add_argument("--diffusion-steps", type=int, default=1, help="denoising passes per block (default: %(default)s)")
     s.add_argument("--feature-cache", default=None, help="cache target features on disk here (bf16, 5.76 KB per "
                    "token for SmolLM2-135M)")

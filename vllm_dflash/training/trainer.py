@@ -48,6 +48,12 @@ class TrainConfig:
     gamma: float | None = None
     run_steps: int | None = None  # stop (and checkpoint) after this many steps in this invocation; resume continues
     run_minutes: float | None = None  # likewise after this much wall time
+    # fit the schedule to a time budget: after `probe_steps` steps the lr schedule's length becomes the steps that
+    # fit in this many minutes at the measured rate (evals and checkpoints reserve `budget_reserve` of it); the run
+    # also stops when the budget is spent. For a lent GPU or a fixed slot: the cosine decay then really ends.
+    time_budget_minutes: float | None = None
+    probe_steps: int = 20
+    budget_reserve: float = 0.15
     diffusion_steps: int = 1
     reveal_prob: float = 0.5  # with diffusion_steps > 1: share of blocks with a revealed clean prefix
     eval_every: int = 200
@@ -123,6 +129,8 @@ class TargetFeatures:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 hs = body(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
             feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # layer l's OUTPUT
+            if not self.cache_dir and len(todo) == len(seqs):  # nothing to store: stay on the device
+                return (feats * att.to(device)[..., None]).to(dtype)  # zero-padded like the cached path
             for j, i in enumerate(todo):
                 out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16 if self.cache_dir else dtype).cpu()
                 if self.cache_dir:
@@ -235,12 +243,13 @@ class BlockDiffusionTrainer:
 
     # ------------------------------------------------------------------ training
     def _make_scheduler(self, total_steps: int) -> None:
-        warm = max(1, int(self.cfg.warmup_ratio * total_steps))
+        self.horizon = total_steps  # the schedule's length; a time budget can shorten it once the rate is known
 
         def lr_at(step: int) -> float:
+            warm = max(1, int(self.cfg.warmup_ratio * self.horizon))
             if step < warm:
                 return (step + 1) / warm
-            prog = min(1.0, (step - warm) / max(1, total_steps - warm))
+            prog = min(1.0, (step - warm) / max(1, self.horizon - warm))
             return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog))  # cosine down to 10%
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_at)
@@ -293,6 +302,15 @@ class BlockDiffusionTrainer:
         t_last, tok_acc, blk_acc = time.perf_counter(), 0, 0
         wall0, t_start = float(self.state.get("wall_s", 0.0)), time.perf_counter()  # wall time summed over resumes
         t_ckpt, paused = t_start, False
+        if cfg.time_budget_minutes is not None and "horizon" in self.state:
+            self.horizon = total = min(total, self.state["horizon"])  # a resumed budgeted run keeps its schedule
+        t_probe = None
+        if eval_dataset is not None and len(eval_dataset) and self.state["step"] == 0 and not self.state["history"]:
+            # the curve's first point: a fine-tune's starting τ on this run's held-out set (the bar to beat)
+            ev = self.evaluate(eval_dataset, estimate_speedup=False)
+            self._log({"step": 0, "eval_sequences": len(eval_dataset),
+                       **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance")}})
+            t_start = t_last = time.perf_counter()
         try:
             while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop and not paused:
                 e = self.state["epoch"]
@@ -313,6 +331,19 @@ class BlockDiffusionTrainer:
                     tok_acc += info["tokens"]
                     blk_acc += info["blocks"]
                     step = self.state["step"]
+                    if cfg.time_budget_minutes is not None and "horizon" not in self.state:
+                        if step - step0 == 3:  # rate from steps 4.., past warm-up costs (allocator, autotuning)
+                            t_probe = time.perf_counter()
+                        elif t_probe is not None and step - step0 == 3 + cfg.probe_steps:
+                            rate = cfg.probe_steps / (time.perf_counter() - t_probe)
+                            left = 60 * cfg.time_budget_minutes * (1 - cfg.budget_reserve) - (time.perf_counter() - t_start)
+                            total = self.horizon = max(step + 1, min(total, step + int(rate * left)))
+                            self.state["horizon"] = total
+                            cfg.eval_every = max(cfg.probe_steps, total // 8)
+                            logger.info("time budget %.1f min: %.1f steps/s -> schedule of %d steps, held-out τ every %d",
+                                        cfg.time_budget_minutes, rate, total, cfg.eval_every)
+                            bar.total = total
+                            bar.refresh()
                     bar.update(1)
                     if step % cfg.log_every == 0 or step == total:
                         dt = max(time.perf_counter() - t_last, 1e-9)
@@ -333,7 +364,8 @@ class BlockDiffusionTrainer:
                         t_last, tok_acc, blk_acc = time.perf_counter(), 0, 0  # throughput counts training only
                     now = time.perf_counter()
                     paused = (cfg.run_steps is not None and step - step0 >= cfg.run_steps) or \
-                        (cfg.run_minutes is not None and now - t_start >= 60 * cfg.run_minutes)
+                        (cfg.run_minutes is not None and now - t_start >= 60 * cfg.run_minutes) or \
+                        (cfg.time_budget_minutes is not None and now - t_start >= 60 * cfg.time_budget_minutes)
                     if self.out_dir and not paused and (step % cfg.ckpt_every == 0 or now - t_ckpt >= 60 * cfg.ckpt_minutes):
                         self.save_checkpoint()
                         t_ckpt = t_last = time.perf_counter()
