@@ -10,4 +10,5 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACH
 export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-$(($(nproc) - 1))} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec nice -n ${NICE:-15} .venv/bin/vllm-dflash collect --out ${OUT:-data/collect/smollm2-v2} \
   --sources chat-sharegpt,code-codeio,code-stdlib,code-pkgs --sample-fraction 0 \
-  --max-new-tokens 384 --chunk-size 64 --max-num-seqs 64 "$@"
+  --max-new-tokens 384 --chunk-size 64 --max-num-seqs 64 \
+  --exclude-collected ${EXCLUDE-data/collect/smollm2-gpu1} "$@"

@@ -10,11 +10,12 @@
 #
 # Extra arguments go to every `vllm-dflash train` call (new-run options such as --init-draft matter only the first time).
 cd "$(dirname "$0")/.."
-RUN=${RUN:-smollm2-b8-ft}
-DATA=${DATA:-data/collect/smollm2-v1,data/collect/smollm2-v2}
+RUN=${RUN:-smollm2-b8-r3}
+DATA=${DATA:-data/collect/smollm2-v1,data/collect/smollm2-v2,data/collect/smollm2-gpu1}
 ROUND_MINUTES=${ROUND_MINUTES:-40}
 MAX_STEPS=${MAX_STEPS:-40000}
-LR=${LR:-1.5e-4}   # fine-tuning lr (pilot: lower loss than 6e-4 over its first 75 steps)
+LR=${LR:-3e-4}   # fine-tuning lr
+BUDGET_MINUTES=${BUDGET_MINUTES:-}   # set: the lr schedule is fitted to this much training time (first round measures the rate)
 INIT_DRAFT=${INIT_DRAFT-models/SmolLM2-135M-Instruct-DFlash-b8}   # fine-tune from the bundled draft; INIT_DRAFT= : scratch
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "runs/$RUN"
@@ -25,7 +26,7 @@ while [ "$stop" = 0 ]; do
   echo "=== round at $(date -Is)"
   if ! nice -n 15 .venv/bin/vllm-dflash train --data "$DATA" --out "runs/$RUN" --feature-cache runs/features/smollm2 \
       ${INIT_DRAFT:+--init-draft "$INIT_DRAFT"} --lr "$LR" --max-steps "$MAX_STEPS" --epochs 100000 \
-      --run-minutes "$ROUND_MINUTES" --threads 1 "$@"; then
+      --run-minutes "$ROUND_MINUTES" ${BUDGET_MINUTES:+--time-budget-minutes "$BUDGET_MINUTES"} --threads 1 "$@"; then
     failures=$((failures + 1))  # e.g. killed for memory: resume from the last checkpoint after a pause
     echo "train failed ($failures in a row)"
     [ "$failures" -ge 5 ] && exit 1

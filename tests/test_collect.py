@@ -74,3 +74,20 @@ def test_part_format_round_trip(tmp_path):
         recs[1]["response_ids"] = [4, 5, 6] + extra
         (tmp_path / "p.npz").write_bytes(encode_part(recs))
         assert decode_part(tmp_path / "p.npz") == recs
+
+
+def test_collected_ids_of_other_folders(tmp_path):
+    """--exclude-collected: ids answered (or skipped) in other folders, shards included; a folder without a
+    manifest is named with the fix."""
+    import json
+
+    from vllm_dflash.data.collect import collected_ids
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps({"done_ids": ["x", "y"], "skipped_ids": ["z"]}))
+    (tmp_path / "b" / "shard-0").mkdir(parents=True)
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps({"shards": ["shard-0"]}))
+    (tmp_path / "b" / "shard-0" / "manifest.json").write_text(json.dumps({"done_ids": ["w"]}))
+    assert collected_ids([tmp_path / "a", tmp_path / "b"]) == {"x", "y", "z", "w"}
+    with pytest.raises(FileNotFoundError, match="exclude_collected.*Fix"):
+        collected_ids([tmp_path / "missing"])

@@ -57,6 +57,7 @@ class CollectConfig:
     shard: tuple[int, int] = (0, 1)  # (index, count): this process handles prompts[index::count]
     enforce_eager: bool = False  # False = vLLM's default (torch.compile): several times faster on CPU
     dtype: str | None = None  # None = default_dtype() (bf16 where the CPU has it, else fp32)
+    exclude_collected: tuple[str, ...] = ()  # other collection folders: prompts they already answered are skipped
 
 
 def _is_sampled(item_id: str, fraction: float) -> bool:
@@ -114,6 +115,21 @@ def load_records(out_dir: str | Path) -> list[dict[str, Any]]:
     for part in _parts(out) + [p for d in sorted(out.glob("shard-*")) for p in _parts(d)]:
         recs.extend(decode_part(part) if part.suffix == ".npz" else read_jsonl(part))
     return recs
+
+
+def collected_ids(folders) -> set[str]:
+    """Prompt ids other collection folders already answered (their manifests' done_ids, shards included): a
+    collection resumed on another machine, or a GPU run that answered part of the same list, is not repeated."""
+    ids: set[str] = set()
+    for folder in folders:
+        for man in [Path(folder) / "manifest.json", *sorted(Path(folder).glob("shard-*/manifest.json"))]:
+            if not man.exists():
+                raise FileNotFoundError(f"exclude_collected: {man} is missing. Fix: pass a collection folder "
+                                        "(vllm-dflash collect --out)")
+            m = json.loads(man.read_text())
+            ids.update(m.get("done_ids", ()))
+            ids.update(m.get("skipped_ids", ()))
+    return ids
 
 
 def _source_prompts(cfg: CollectConfig) -> list[dict[str, Any]]:
@@ -190,7 +206,7 @@ class Collector:
         from tqdm import tqdm
 
         man = self._load_manifest()
-        done = set(man["done_ids"]) | set(man.get("skipped_ids", []))
+        done = set(man["done_ids"]) | set(man.get("skipped_ids", [])) | collected_ids(self.cfg.exclude_collected)
         todo = [it for it in self.mine if it["id"] not in done]
         bar = tqdm(total=len(self.mine), initial=len(self.mine) - len(todo), desc=f"collect[{self.cfg.shard[0]}]",
                    unit="prompt", disable=not progress, dynamic_ncols=True)
