@@ -25,8 +25,9 @@ def _version() -> str:
 def _extensions():
     """The csrc/ kernels: CPU C++ always (when torch is importable), CUDA when nvcc + a CUDA torch exist.
 
-    VLLM_DFLASH_NO_EXT=1 skips them; the package then runs on its PyTorch reference ops."""
-    if os.environ.get("VLLM_DFLASH_NO_EXT") == "1":
+    DFLASH_NO_EXT=1 skips them; the package then runs on its PyTorch reference ops (VLLM_DFLASH_NO_EXT: the old
+    name, still read for one release)."""
+    if (os.environ.get("DFLASH_NO_EXT") or os.environ.get("VLLM_DFLASH_NO_EXT")) == "1":
         return [], {}
     try:
         import torch
@@ -42,7 +43,7 @@ def _extensions():
         cpp_extension.CppExtension(
             "vllm_dflash._C",
             [str(cpu_src.relative_to(ROOT))],
-            extra_compile_args={"cxx": flags + ["-march=native"] if os.environ.get("VLLM_DFLASH_NATIVE") else flags + ["-mavx2", "-mfma", "-mf16c"]},
+            extra_compile_args={"cxx": flags + ["-march=native"] if (os.environ.get("DFLASH_NATIVE") or os.environ.get("VLLM_DFLASH_NATIVE")) else flags + ["-mavx2", "-mfma", "-mf16c"]},
             extra_link_args=["-fopenmp"],
         )
     ]

@@ -151,7 +151,7 @@ def serving_share(target: str, draft: str, num_prompts: int, max_tokens: int) ->
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     out = {}
     for mode in ("reference", "auto", "reference", "auto"):  # interleaved twice: drift hits both alike
-        os.environ["VLLM_DFLASH_KV_INJECTION"] = mode
+        os.environ["DFLASH_KV_INJECTION"] = mode
         sink = MetricsSink.get()
         before = sink.snapshot()["hists"]
         llm.chat(prompts, sp, use_tqdm=False)

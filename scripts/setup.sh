@@ -46,7 +46,7 @@ $UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeou
 
 # This package, editable; --no-build-isolation so the csrc/ extension builds against the installed torch.
 echo ">> installing vllm_dflash (editable)"
-VLLM_DFLASH_NO_EXT=1 $UV --no-deps --no-build-isolation -e .  # the kernel is built in place just below (once)
+DFLASH_NO_EXT=1 $UV --no-deps --no-build-isolation -e .  # the kernel is built in place just below (once)
 # The csrc/ CPU kernel next to the sources (editable installs do not always build it in place); without it the
 # package runs on its PyTorch reference ops and says so once.
 if ! "$VENV/bin/python" -c "import vllm_dflash._C" 2>/dev/null; then

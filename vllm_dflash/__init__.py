@@ -13,7 +13,8 @@ _REGISTERED = False
 def register() -> None:
     """vLLM general-plugin hook: install our DFlash drafter for `method: "dflash"`.
 
-    Set VLLM_DFLASH_DRAFTER=vllm to keep vLLM's built-in drafter (side-by-side comparisons)."""
+    Speculative-config key "drafter": "vllm" (or DFLASH_DRAFTER=vllm) keeps vLLM's built-in drafter (side-by-side
+    comparisons); every setting: docs/CONFIGURATION.md."""
     global _REGISTERED
     if _REGISTERED:
         return

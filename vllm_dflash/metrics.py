@@ -5,9 +5,10 @@ vLLM's drafter runs in the worker process and the scheduler in the engine-core p
 `/metrics` is served by the API server. Each process that produces our metrics keeps them in a
 `MetricsSink` and writes a snapshot (JSON, atomic rename, at most every `FLUSH_INTERVAL_S`; a throttled
 flush is deferred, so the last change reaches the snapshot within `FLUSH_INTERVAL_S` even when idle) into
-$VLLM_DFLASH_METRICS_DIR. The API server's `DFlashCollector` (a prometheus_client custom collector
+$DFLASH_METRICS_DIR. The API server's `DFlashCollector` (a prometheus_client custom collector
 registered by the plugin) merges all snapshots on every scrape. The directory is created by the
-first process that loads the plugin (the API server) and inherited by the processes it spawns.
+first process that loads the plugin (the API server) and inherited by the processes it spawns (the one setting
+this package writes to the environment: a folder shared by processes has no vLLM config channel).
 
 Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
   draft_forward_seconds       histogram  draft forward time per step (all denoising passes)
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-ENV_DIR = "VLLM_DFLASH_METRICS_DIR"
+ENV_DIR = "DFLASH_METRICS_DIR"  # settings.env_name("metrics_dir"); read through settings (deprecated alias too)
 PREFIX = "vllm_dflash:"
 FLUSH_INTERVAL_S = 0.5
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -39,7 +40,7 @@ HISTOGRAMS = {
     "draft_forward_seconds": ("Draft forward time per drafting step (all denoising passes).", LATENCY_BUCKETS),
     "kv_injection_seconds": ("Context K/V injection time per drafting step.", LATENCY_BUCKETS),
     "target_forward_seconds": ("Target model forward time per engine step (verification included); recorded with "
-                               "VLLM_DFLASH_PROFILE=1 on CPU only.", LATENCY_BUCKETS),
+                               "DFLASH_PROFILE=1 on CPU only.", LATENCY_BUCKETS),
     "accepted_tokens_per_step": ("Accepted draft tokens per request per verify step.", ACCEPT_BUCKETS),
     "draft_tokens_per_request": ("Adaptive drafting: draft tokens chosen per request per step (0 = none).",
                                  ACCEPT_BUCKETS),
@@ -70,15 +71,21 @@ COUNTERS = {
 }
 
 
+def _env_dir() -> str | None:
+    from vllm_dflash.settings import process_setting
+
+    return process_setting("metrics_dir")
+
+
 def ensure_metrics_dir() -> Path:
-    d = os.environ.get(ENV_DIR)
+    d = _env_dir()
     if not d:  # the first process (API server / offline LLM) owns the directory and removes it at exit
         import atexit
         import shutil
 
         d = tempfile.mkdtemp(prefix="vllm_dflash_metrics_")
-        os.environ[ENV_DIR] = d
         atexit.register(shutil.rmtree, d, True)
+    os.environ[ENV_DIR] = d  # inherited by the engine and worker processes (under the new name)
     Path(d).mkdir(parents=True, exist_ok=True)
     return Path(d)
 
@@ -114,7 +121,7 @@ class MetricsSink:
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._timer: threading.Timer | None = None
-        d = os.environ.get(ENV_DIR)
+        d = _env_dir()
         self.path = Path(d) / f"proc-{os.getpid()}.json" if d else None
 
     @classmethod
@@ -172,7 +179,7 @@ class MetricsSink:
 
 
 def read_snapshots(directory: str | Path | None = None) -> list[dict]:
-    d = Path(directory or os.environ.get(ENV_DIR, ""))
+    d = Path(directory or _env_dir() or "")
     if not str(d) or not d.is_dir():
         return []
     out = []

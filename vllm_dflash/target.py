@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -26,8 +25,10 @@ _MARKER = ".complete"
 
 
 def cache_root() -> Path:
-    """Where prepared models and datasets live: $VLLM_DFLASH_CACHE or ~/.cache/vllm_dflash."""
-    return Path(os.environ.get("VLLM_DFLASH_CACHE", Path.home() / ".cache" / "vllm_dflash"))
+    """Where prepared models and datasets live: $DFLASH_CACHE or ~/.cache/vllm_dflash."""
+    from vllm_dflash.settings import process_setting
+
+    return Path(process_setting("cache") or Path.home() / ".cache" / "vllm_dflash")
 
 
 def default_target_dir() -> Path:

@@ -19,8 +19,10 @@ def get_logger(name: str) -> logging.Logger:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m-%d %H:%M:%S"))
         root.addHandler(handler)
-        root.setLevel(os.environ.get("VLLM_DFLASH_LOG_LEVEL", "INFO"))
         root.propagate = False
+        from vllm_dflash.settings import process_setting  # after the handler: a deprecation warning can print
+
+        root.setLevel(process_setting("log_level"))
     return logger
 
 
@@ -74,8 +76,10 @@ def cpu_kind() -> str:
 
 
 def default_dtype() -> str:
-    """vLLM / model dtype: $VLLM_DFLASH_DTYPE, else bfloat16 on GPUs and bf16-capable CPUs, else float32."""
-    env = os.environ.get("VLLM_DFLASH_DTYPE")
+    """vLLM / model dtype: $DFLASH_DTYPE, else bfloat16 on GPUs and bf16-capable CPUs, else float32."""
+    from vllm_dflash.settings import process_setting
+
+    env = process_setting("dtype")
     if env:
         return env
     import torch

@@ -2,8 +2,8 @@
 """Benchmark configurations: one registry entry per way of serving the target.
 
 A configuration is a speculative method plus extra speculative-config keys and extra environment
-variables for the server. Adding one is one `BenchConfig(...)` in `REGISTRY`. Every configuration
-of a run shares the engine settings (threads, dtype, --enforce-eager, max-num-seqs, KV space); only
+variables for the server (DFLASH_* per-deployment defaults, docs/CONFIGURATION.md). Adding one is one
+`BenchConfig(...)` in `REGISTRY`. Every configuration of a run shares the engine settings (threads, dtype, --enforce-eager, max-num-seqs, KV space); only
 the speculative config and these env vars differ."""
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ class BenchConfig:
         """Why this configuration cannot run with the installed plugin (None: it can).
 
         vLLM's SpeculativeConfig rejects unknown keys; our plugin strips only the keys it knows
-        (integration.validation.PLUGIN_KEYS), so any other extra key would make `vllm serve` fail."""
+        (settings.SPEC_KEYS), so any other extra key would make `vllm serve` fail."""
         if not self.spec_extra:
             return None
         if known_plugin_keys is None:
-            from vllm_dflash.integration.validation import PLUGIN_KEYS
+            from vllm_dflash.settings import SPEC_KEYS
 
-            known_plugin_keys = PLUGIN_KEYS
+            known_plugin_keys = SPEC_KEYS
         unknown = sorted(k for k in self.spec_extra if k not in known_plugin_keys)
         if not unknown:
             return None
@@ -62,22 +62,22 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
     BenchConfig("ngram", "vLLM prompt lookup (n-gram)", method="ngram",
                 spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}),
     BenchConfig("vllm-dflash", "vLLM's built-in dflash drafter, same draft checkpoint", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "vllm"}, uses_draft=True),
+                env={"DFLASH_DRAFTER": "vllm"}, uses_draft=True),
     BenchConfig("ours", "vllm_dflash drafter, fixed block size (adaptive: false), overlap scheduling",
-                method="dflash", env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": False}, uses_draft=True),
+                method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": False}, uses_draft=True),
     BenchConfig("ours-no-overlap", "vllm_dflash drafter, fixed block size (adaptive: false), overlap off",
-                method="dflash", env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "0"},
+                method="dflash", env={"DFLASH_DRAFTER": "ours", "DFLASH_OVERLAP": "0"},
                 spec_extra={"adaptive": False}, uses_draft=True),
     BenchConfig("ours-adaptive", "vllm_dflash drafter as configured by default (adaptive: true): per request DFlash "
                 "block, prompt lookup or the two merged, "
                 "0..k tokens from acceptance and an online step-cost model (synchronous scheduling)", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
+                env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
     BenchConfig("ours-merged", "vllm_dflash drafter, adaptive with the merged source only: prompt-lookup tokens "
                 "first, the DFlash block after them; 0..k tokens per request (synchronous scheduling)", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": "merged"}, uses_draft=True),
+                env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": "merged"}, uses_draft=True),
     BenchConfig("ours-adaptive-overlap", "vllm_dflash drafter, adaptive with overlap scheduling: the drafter picks "
                 "the source, our AsyncScheduler subclass plans 0..k tokens per request", method="dflash",
-                env={"VLLM_DFLASH_DRAFTER": "ours", "VLLM_DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},
+                env={"DFLASH_DRAFTER": "ours", "DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},
                 uses_draft=True),
 ]}
 

@@ -35,9 +35,10 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
         self._next_decision: tuple | None = None  # the plan that set the coming step's drafts
         self._decisions: dict[int, tuple | None] = {}  # id(scheduler_output) -> its plan
         self._outputs = 0
-        from vllm_dflash.integration.proposer import adaptive_mode
+        from vllm_dflash.settings import from_vllm_config
 
-        self._lookup = adaptive_mode() in ("both", "ngram", "merged")  # prompt lookup is a source: plan per match context
+        # prompt lookup is a source: plan per match context (setting `adaptive`, vllm_config.additional_config)
+        self._lookup = from_vllm_config(self.vllm_config).adaptive_mode in ("both", "ngram", "merged")
         self._tokens: dict[str, tuple[np.ndarray, int]] = {}  # req_id -> (token ids buffer, length)
 
     def _update_after_schedule(self, scheduler_output) -> None:

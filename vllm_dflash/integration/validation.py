@@ -6,56 +6,22 @@ exits non-zero with the message) and again by the drafter in the worker. Every e
 field and the fix (DFlashConfigError)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from vllm_dflash.config import SUPPORTED_BLOCK_SIZES, WEIGHTS_NAME, DFlashConfig, DFlashConfigError
+from vllm_dflash.settings import SPEC_KEYS, pop_spec_keys, resolve
 
-# Our extra speculative-config keys: stripped before vLLM's (strict) SpeculativeConfig sees them and
-# passed to the drafter through the environment (inherited by the engine and worker processes).
-PLUGIN_KEYS = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS",
-               "confidence_threshold": "VLLM_DFLASH_CONFIDENCE_THRESHOLD",
-               "adaptive": "VLLM_DFLASH_ADAPTIVE"}
-ADAPTIVE_VALUES = (True, False, "both", "dflash", "ngram", "merged")
-# Defaults when neither the speculative config nor the user's environment sets a key. Adaptive drafting (DFlash,
-# prompt lookup or the two merged, 0..k tokens per request-step) measured at or above the fixed block at every
-# concurrency (README, Benchmarks), so a user who writes only {"method": "dflash", "model": ...} gets it;
-# "adaptive": false gives the paper's fixed block.
-PLUGIN_DEFAULTS = {"adaptive": "true"}
-
-
-# The user's own environment before any speculative config touched it: a config without our key must not
-# inherit the value a previous LLM(...) in the same process set.
-_USER_ENV = {env: os.environ.get(env) for env in PLUGIN_KEYS.values()}
+# Our extra speculative-config keys (-> their DFLASH_* env var): stripped before vLLM's (strict) SpeculativeConfig
+# sees them; resolved into VllmConfig.additional_config["dflash"] (vllm_dflash/settings.py, docs/CONFIGURATION.md).
+PLUGIN_KEYS = SPEC_KEYS
 
 
 def pop_plugin_keys(spec: dict[str, Any]) -> dict[str, Any]:
-    """Remove our keys from a speculative-config dict, validate them, and publish them as env vars for the engine
-    and worker processes (precedence: the config's key > the user's own env var > PLUGIN_DEFAULTS > the drafter's
-    default)."""
-    ours = {k: spec.pop(k) for k in list(spec) if k in PLUGIN_KEYS}
-    if "diffusion_steps" in ours:
-        v = ours["diffusion_steps"]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise DFlashConfigError("speculative_config.diffusion_steps", f"got {v!r}", "use an integer >= 1")
-    if "confidence_threshold" in ours:
-        v = ours["confidence_threshold"]
-        if not isinstance(v, (int, float)) or not 0.0 < float(v) <= 1.0:
-            raise DFlashConfigError("speculative_config.confidence_threshold", f"got {v!r}", "use a number in (0, 1]")
-    if "adaptive" in ours and ours["adaptive"] not in ADAPTIVE_VALUES:
-        raise DFlashConfigError("speculative_config.adaptive", f"got {ours['adaptive']!r}",
-                                "use true (DFlash, prompt lookup or the two merged), false, 'dflash', 'ngram' or "
-                                "'merged'")
-    for key, env in PLUGIN_KEYS.items():
-        if key in ours:
-            os.environ[env] = str(ours[key]).lower()
-        elif _USER_ENV[env] is None and key in PLUGIN_DEFAULTS:
-            os.environ[env] = PLUGIN_DEFAULTS[key]
-        elif _USER_ENV[env] is None:
-            os.environ.pop(env, None)
-        else:
-            os.environ[env] = _USER_ENV[env]
+    """Remove our keys from a speculative-config dict and validate them (DFlashConfigError naming
+    `speculative_config.<key>`). Returns them as written; `settings.resolve` turns them into settings."""
+    ours = pop_spec_keys(spec)
+    resolve(ours, environ={})
     return ours
 
 

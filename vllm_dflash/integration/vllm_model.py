@@ -6,7 +6,8 @@ It reuses vLLM's DFlash layers (paged-KV attention, weight loading, TP sharding)
 path: KV injection through `vllm_dflash.ops.inject_context_kv_to_cache` (the csrc/ fused kernel: one GEMM
 for all layers, then norm + RoPE + paged-cache write in one pass) and confidence-aware greedy drafting over a reduced vocabulary
 (argmax over the draft vocabulary then the d2t map, instead of scattering into a full-vocab -inf
-tensor). With VLLM_DFLASH_DRAFTER=vllm it behaves exactly like the upstream class.
+tensor). With the setting drafter=vllm it behaves exactly like the upstream class. The setting kv_injection
+(auto | fused | reference) picks the injection path for this engine (vllm_config.additional_config["dflash"]).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from vllm.logger import init_logger
 
-from vllm_dflash.integration.drafter_select import selected_drafter
+from vllm_dflash.ops._ext import kv_injection_mode
 from vllm_dflash.ops.kv_injection import (CPU_VEC_LAYOUT, CUDA_LAYOUT, KVInjectionWeights, inject_context_kv,
                                           inject_context_kv_to_cache)
 
@@ -25,7 +26,11 @@ logger = init_logger(__name__)
 class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.use_ours = selected_drafter() == "ours"
+        from vllm_dflash.settings import from_vllm_config
+
+        s = from_vllm_config(vllm_config)
+        self.use_ours = s.drafter == "ours"
+        self.kv_injection = s.kv_injection
         self._injection: KVInjectionWeights | None = None
         self.last_injection_path = "none"  # "fused" | "fused-compute" | "reference" after a step
 
@@ -59,7 +64,7 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
             return None
         name = type(impl).__name__
         if name == "CPUAttentionBackendImpl" and getattr(attn, "isa", None) in ("vec", "vec16"):
-            return CPU_VEC_LAYOUT  # verified against cpu_attn_reshape_and_cache (tests/test_kv_injection_vllm.py)
+            return CPU_VEC_LAYOUT  # verified against cpu_attn_reshape_and_cache (tests/vllm/test_kv_injection_vllm.py)
         if name == "FlashAttentionImpl":
             return CUDA_LAYOUT
         return None
@@ -68,6 +73,12 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
         w = self.injection_weights() if self.use_ours else None
         if w is None:
             return super().precompute_and_store_context_kv(context_states, context_positions, context_slot_mapping)
+        if self.kv_injection == "auto":  # the process default (DFLASH_KV_INJECTION, else auto: fused when built)
+            return self._inject(w, context_states, context_positions, context_slot_mapping)
+        with kv_injection_mode(self.kv_injection):  # this engine's explicit fused / reference
+            self._inject(w, context_states, context_positions, context_slot_mapping)
+
+    def _inject(self, w: KVInjectionWeights, context_states, context_positions, context_slot_mapping) -> None:
         if context_slot_mapping is None:  # dummy / profiling run: compute only
             inject_context_kv(context_states, context_positions, w)
             return

@@ -4,14 +4,19 @@
 `vllm_dflash._C` (CPU C++, built by setup.py during the normal set-up) registers
 `torch.ops.vllm_dflash.fused_context_kv{,_to_cache}` for CPU; `vllm_dflash._C_cuda` (built when nvcc and
 a CUDA torch exist) adds the CUDA implementations of the same ops.
-VLLM_DFLASH_KV_INJECTION=reference forces the PyTorch path (debugging / comparisons)."""
+The setting kv_injection (auto | fused | reference; docs/CONFIGURATION.md) picks the path: inside vLLM our model
+applies its engine's value with `kv_injection_mode`; elsewhere (tests, benchmarks) DFLASH_KV_INJECTION or auto."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
-import os
+from typing import Iterator
 
 import torch
+
+from vllm_dflash import settings
 
 from vllm_dflash.utils import get_logger
 
@@ -33,11 +38,25 @@ def _warn_once(msg: str) -> None:
     logger.warning("vllm_dflash KV injection: %s -> PyTorch reference path", msg)
 
 
+_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("vllm_dflash_kv_injection", default=None)
+
+
+@contextlib.contextmanager
+def kv_injection_mode(value: str) -> Iterator[None]:
+    """Use this KV-injection mode inside the block (an engine's setting), whatever the environment says."""
+    token = _MODE.set(settings.parse_value("kv_injection", value))
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
 def mode() -> str:
-    m = os.environ.get("VLLM_DFLASH_KV_INJECTION", "auto")
-    if m not in ("auto", "fused", "reference"):
-        raise ValueError(f"VLLM_DFLASH_KV_INJECTION={m!r}: expected auto, fused or reference")
-    return m
+    """auto | fused | reference: the innermost `kv_injection_mode`, else DFLASH_KV_INJECTION, else auto."""
+    m = _MODE.get()
+    if m is not None:
+        return m
+    return settings.env_default("kv_injection")
 
 
 def fused_available(device: torch.device) -> bool:
@@ -51,7 +70,8 @@ def fused_available(device: torch.device) -> bool:
         why = f"no fused kernel for device type {device.type!r}"
     if why is not None:
         if mode() == "fused":
-            raise RuntimeError(f"VLLM_DFLASH_KV_INJECTION=fused but {why}")
+            raise RuntimeError(f"kv_injection=fused (speculative_config.kv_injection or DFLASH_KV_INJECTION) but "
+                               f"{why}. Fix: build the kernel, or use kv_injection 'auto' or 'reference'")
         _warn_once(why)
         return False
     return True

@@ -1,0 +1,424 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every vllm_dflash setting, defined once: name, type, default, allowed values, source, one-line doc.
+
+Two kinds (docs/CONFIGURATION.md is rendered from the tables below by `render_markdown()`):
+
+* Per-deployment settings (`DFlashSettings`): one value per engine (`LLM(...)` / `vllm serve`). The front end
+  resolves them once, in the patched `EngineArgs.create_speculative_config`, with the precedence
+      speculative-config key  >  additional_config["dflash"][key]  >  env var DFLASH_<KEY>  >  default
+  and stores the result in vLLM's own `VllmConfig.additional_config["dflash"]` (a JSON object, pickled to the
+  engine core and every worker with the rest of the config). The drafter, the model, the CPU platform hook and
+  the scheduler read it from the `vllm_config` they receive (`from_vllm_config`). Nothing is written to
+  os.environ, so two `LLM(...)` in one process never see each other's values.
+* Process settings (`ProcessSettings`): environment variables only, for what has no vLLM channel (cache dir,
+  log level, metrics dir shared by the server's processes, profiling switch, version-check skip, dtype).
+
+Environment variables use the prefix `DFLASH_` (outside vLLM's `VLLM_` namespace, which vLLM's env validation
+flags as unknown). The old `VLLM_DFLASH_*` names still work for one release: read when the new name is unset,
+with a one-time warning naming the new one. Every bad value raises `DFlashConfigError` naming where it came
+from and the fix."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from vllm_dflash.config import DFlashConfigError
+
+ENV_PREFIX = "DFLASH_"
+DEPRECATED_ENV_PREFIX = "VLLM_DFLASH_"  # the alias table: old name = this prefix + the new name's suffix
+ADDITIONAL_CONFIG_KEY = "dflash"  # VllmConfig.additional_config[ADDITIONAL_CONFIG_KEY] holds DFlashSettings
+
+
+# --------------------------------------------------------------------------- value parsers
+# Each takes a raw value (a JSON value from a config, or a string from the environment) and returns the
+# canonical value, or raises ValueError (the caller turns it into a DFlashConfigError naming the source).
+
+_TRUE = ("true", "1", "on", "yes")
+_FALSE = ("false", "0", "off", "no", "none")
+
+
+def _bool_or(raw: Any, words: tuple[str, ...], aliases: Mapping[str, Any] = {}) -> Any:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str):
+        v = raw.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        if v in aliases:
+            return aliases[v]
+        if v in words:
+            return v
+    raise ValueError
+
+
+def _adaptive(raw: Any) -> bool | str:
+    return _bool_or(raw, ("dflash", "ngram", "merged"), {"both": True})
+
+
+def _overlap(raw: Any) -> bool | str:
+    return _bool_or(raw, ("auto",))
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(raw: Any) -> str:
+        if isinstance(raw, str) and raw.strip().lower() in allowed:
+            return raw.strip().lower()
+        raise ValueError
+
+    return parse
+
+
+def _flag(raw: Any) -> bool:
+    v = _bool_or(raw, ())
+    if isinstance(v, bool):
+        return v
+    raise ValueError
+
+
+def _pos_int_or_none(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw.strip().lstrip("+").isdigit():
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
+        return raw
+    raise ValueError
+
+
+def _unit_float(raw: Any) -> float:
+    if isinstance(raw, str):
+        try:
+            raw = float(raw)
+        except ValueError:
+            raise ValueError from None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and 0.0 < float(raw) <= 1.0:
+        return float(raw)
+    raise ValueError
+
+
+def _text_or_none(raw: Any) -> str | None:
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if isinstance(raw, str):
+        return raw.strip()
+    raise ValueError
+
+
+def _log_level(raw: Any) -> str:
+    return _choice("debug", "info", "warning", "error", "critical")(raw).upper()
+
+
+_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+
+
+def _dtype(raw: Any) -> str | None:
+    return None if _text_or_none(raw) is None else _choice(*_DTYPES)(raw)
+
+
+# --------------------------------------------------------------------------- the tables
+def _setting(default: Any, *, type: str, allowed: str, shown_default: str, doc: str, fix: str,
+             parse: Callable[[Any], Any], spec_key: bool = True) -> Any:
+    return field(default=default, metadata={"type": type, "allowed": allowed, "shown_default": shown_default,
+                                            "doc": doc, "fix": fix, "parse": parse, "spec_key": spec_key})
+
+
+@dataclass(frozen=True)
+class DFlashSettings:
+    """Per-deployment settings: speculative-config key > additional_config["dflash"] > DFLASH_<KEY> > default.
+    Values are canonical (validated in __post_init__; `DFlashSettings(adaptive="both").adaptive is True`)."""
+
+    adaptive: bool | str = _setting(
+        True, type="bool | str", allowed='true, false, "dflash", "ngram", "merged" ("both" = true)',
+        shown_default="true", parse=_adaptive,
+        doc="Adaptive drafting: per request-step the DFlash block, a prompt-lookup proposal or the two merged "
+            "(true), or one source only, and 0..k tokens from measured acceptance and step cost; false = the "
+            "paper's fixed block (docs/ADAPTIVE.md).",
+        fix="use true (DFlash, prompt lookup or the two merged), false, 'dflash', 'ngram' or 'merged'")
+    diffusion_steps: int | None = _setting(
+        None, type="int", allowed="integer >= 1", shown_default="the draft's config.json (1)", parse=_pos_int_or_none,
+        doc="Denoising passes per draft block (keep the confident prefix, re-mask the rest, run the draft again).",
+        fix="use an integer >= 1")
+    confidence_threshold: float = _setting(
+        0.9, type="float", allowed="(0, 1]", shown_default="0.9", parse=_unit_float,
+        doc="With diffusion_steps > 1: a draft token is kept when its probability reaches this.",
+        fix="use a number in (0, 1]")
+    overlap: bool | str = _setting(
+        "auto", type="bool | str", allowed='"auto", true, false', shown_default='"auto"', parse=_overlap,
+        doc="Overlap (async) scheduling on CPU: auto = on for our drafter with a fixed block, off with adaptive "
+            "drafting; true = wherever vLLM allows it (adaptive then gets our AsyncScheduler); false = never. "
+            "--no-async-scheduling always wins.",
+        fix="use 'auto', true or false")
+    kv_injection: str = _setting(
+        "auto", type="str", allowed='"auto", "fused", "reference"', shown_default='"auto"',
+        parse=_choice("auto", "fused", "reference"),
+        doc="Context K/V injection path: auto = the fused csrc/ kernel when built (else the PyTorch reference, "
+            "logged once; a worker's own DFLASH_KV_INJECTION may still pick the path at run time, as "
+            "benchmarks/bench_kv_injection.py does); fused = the kernel or an error; reference = PyTorch "
+            "(debugging, comparisons).",
+        fix="use 'auto', 'fused' or 'reference'")
+    drafter: str = _setting(
+        "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=_choice("ours", "vllm"),
+        doc="Which drafter serves method dflash: ours, or vLLM's built-in one on the same checkpoint (side-by-side "
+            "comparisons; the other per-deployment settings then do nothing).",
+        fix="use 'ours' (vllm_dflash's drafter) or 'vllm' (vLLM's built-in one)")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _parse(f, getattr(self, f.name), f"DFlashSettings.{f.name}"))
+
+    @property
+    def adaptive_mode(self) -> str | None:
+        """None: the fixed block; 'both' (true), 'dflash', 'ngram' or 'merged': adaptive with those sources."""
+        if self.adaptive is False:
+            return None
+        return "both" if self.adaptive is True else str(self.adaptive)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (it is hashed into vLLM's compile-cache key and pickled to every process)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """Process settings: environment variables only (read when used; no vLLM channel carries them)."""
+
+    cache: str | None = _setting(
+        None, type="path", allowed="a folder", shown_default="~/.cache/vllm_dflash", parse=_text_or_none,
+        spec_key=False, doc="Where prepared models and data sets live (`vllm-dflash prepare`, benchmarks, demo).",
+        fix="set it to a folder path")
+    log_level: str = _setting(
+        "INFO", type="str", allowed="DEBUG, INFO, WARNING, ERROR, CRITICAL", shown_default="INFO", parse=_log_level,
+        spec_key=False, doc="Level of the vllm_dflash loggers.", fix="use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    metrics_dir: str | None = _setting(
+        None, type="path", allowed="a folder", shown_default="a temporary folder made by the first process",
+        parse=_text_or_none, spec_key=False,
+        doc="Where every process writes its metrics snapshot for the API server's /metrics collector; set by the "
+            "first process that loads the plugin and inherited by the engine and worker processes.",
+        fix="set it to a writable folder path")
+    profile: bool = _setting(
+        False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
+        doc="Time every target forward into vllm_dflash:target_forward_seconds (CPU, --enforce-eager; the serving "
+            "benchmark sets it).", fix="use 1 or 0")
+    skip_version_check: bool = _setting(
+        False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
+        doc="Apply the patches on a vLLM other than 0.32.x (at your own risk; docs/CONTRACTS.md).", fix="use 1 or 0")
+    dtype: str | None = _setting(
+        None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
+        "float32", parse=_dtype, spec_key=False,
+        doc="Model dtype of the CLI, demo, benchmarks and evaluation (not of a plain `vllm serve`).",
+        fix=f"use one of {', '.join(_DTYPES)}")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _parse(f, getattr(self, f.name), f"ProcessSettings.{f.name}"))
+
+
+DEPLOYMENT_FIELDS = {f.name: f for f in fields(DFlashSettings)}
+PROCESS_FIELDS = {f.name: f for f in fields(ProcessSettings)}
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a setting (per-deployment default or process setting)."""
+    if name not in DEPLOYMENT_FIELDS and name not in PROCESS_FIELDS:
+        raise KeyError(f"vllm_dflash: no setting {name!r}")
+    return ENV_PREFIX + name.upper()
+
+
+# our speculative-config keys -> their env var (vLLM's SpeculativeConfig forbids unknown keys: we pop these)
+SPEC_KEYS = {name: env_name(name) for name, f in DEPLOYMENT_FIELDS.items() if f.metadata["spec_key"]}
+
+
+def deprecated_env_name(name: str) -> str:
+    return DEPRECATED_ENV_PREFIX + name.upper()
+
+
+def all_env_names(deprecated: bool = True) -> list[str]:
+    """Every environment variable the package reads (e.g. to clear them for an isolated server)."""
+    names = [*DEPLOYMENT_FIELDS, *PROCESS_FIELDS]
+    return [env_name(n) for n in names] + ([deprecated_env_name(n) for n in names] if deprecated else [])
+
+
+def _parse(f, raw: Any, where: str) -> Any:
+    try:
+        return f.metadata["parse"](raw)
+    except ValueError:
+        raise DFlashConfigError(where, f"got {raw!r}", f.metadata["fix"]) from None
+
+
+# --------------------------------------------------------------------------- environment (with the aliases)
+_WARNED: set[str] = set()
+
+
+def _warn_deprecated(old: str, new: str, ignored: bool) -> None:
+    if old in _WARNED:
+        return
+    _WARNED.add(old)
+    from vllm_dflash.utils import get_logger
+
+    if ignored:
+        get_logger(__name__).warning("vllm_dflash: %s is deprecated and ignored because %s is set; unset %s", old,
+                                     new, old)
+    else:
+        get_logger(__name__).warning("vllm_dflash: %s is deprecated (VLLM_* names belong to vLLM); rename it to %s "
+                                     "(the old name is still read in this release)", old, new)
+
+
+def raw_env(name: str, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(variable name, value) of a setting from the environment: DFLASH_<NAME>, else the deprecated
+    VLLM_DFLASH_<NAME> (warned once). None when neither is set (an empty value counts as unset)."""
+    env = os.environ if environ is None else environ
+    new, old = env_name(name), deprecated_env_name(name)
+    if env.get(new, "").strip():
+        if env.get(old, "").strip():
+            _warn_deprecated(old, new, ignored=True)
+        return new, env[new]
+    if env.get(old, "").strip():
+        _warn_deprecated(old, new, ignored=False)
+        return old, env[old]
+    return None
+
+
+def parse_value(name: str, raw: Any, where: str | None = None) -> Any:
+    """One setting's canonical value from a raw one (DFlashConfigError naming `where` when invalid)."""
+    f = DEPLOYMENT_FIELDS.get(name) or PROCESS_FIELDS[name]
+    return _parse(f, raw, where or name)
+
+
+def env_default(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """A per-deployment setting outside any engine (tests, benchmarks, standalone ops): env var, else default."""
+    f = DEPLOYMENT_FIELDS[name]
+    got = raw_env(name, environ)
+    return f.default if got is None else _parse(f, got[1], got[0])
+
+
+def process_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """A process setting from the environment (read on each call: the environment can change), else its default."""
+    f = PROCESS_FIELDS[name]
+    got = raw_env(name, environ)
+    return f.default if got is None else _parse(f, got[1], got[0])
+
+
+# --------------------------------------------------------------------------- per-deployment resolution
+def pop_spec_keys(spec: dict[str, Any]) -> dict[str, Any]:
+    """Remove our keys from a speculative-config dict (vLLM rejects unknown keys); returns them, raw."""
+    return {k: spec.pop(k) for k in list(spec) if k in SPEC_KEYS}
+
+
+def resolve(spec_keys: Mapping[str, Any] | None = None, additional: Mapping[str, Any] | None = None,
+            environ: Mapping[str, str] | None = None) -> DFlashSettings:
+    """Per-deployment settings: speculative-config key > additional_config["dflash"] > env var > default."""
+    spec_keys, additional = spec_keys or {}, additional or {}
+    if not isinstance(additional, Mapping):
+        raise DFlashConfigError(f"additional_config.{ADDITIONAL_CONFIG_KEY}", f"is {type(additional).__name__}",
+                                f"pass a JSON object with keys among {sorted(DEPLOYMENT_FIELDS)}")
+    unknown = sorted(set(additional) - set(DEPLOYMENT_FIELDS))
+    if unknown:
+        raise DFlashConfigError(f"additional_config.{ADDITIONAL_CONFIG_KEY}", f"unknown key(s) {unknown}",
+                                f"use keys among {sorted(DEPLOYMENT_FIELDS)}")
+    values = {}
+    for name, f in DEPLOYMENT_FIELDS.items():
+        if name in spec_keys:
+            values[name] = _parse(f, spec_keys[name], f"speculative_config.{name}")
+        elif name in additional:
+            values[name] = _parse(f, additional[name], f"additional_config.{ADDITIONAL_CONFIG_KEY}.{name}")
+        elif (got := raw_env(name, environ)) is not None:
+            values[name] = _parse(f, got[1], got[0])
+    return DFlashSettings(**values)
+
+
+def additional_config_section(additional_config: Any) -> Mapping[str, Any] | None:
+    """additional_config["dflash"] of an EngineArgs / VllmConfig value (None when absent)."""
+    if isinstance(additional_config, Mapping):
+        return additional_config.get(ADDITIONAL_CONFIG_KEY)
+    return None
+
+
+def with_settings(additional_config: Any, settings: DFlashSettings) -> dict[str, Any]:
+    """A NEW additional_config dict with settings under "dflash" (the caller's dict is never mutated)."""
+    if additional_config is None:
+        additional_config = {}
+    if not isinstance(additional_config, Mapping):
+        raise DFlashConfigError("additional_config", f"is a {type(additional_config).__name__}, not a dict, so "
+                                "vllm_dflash cannot add its settings", "pass additional_config as a JSON object")
+    return {**additional_config, ADDITIONAL_CONFIG_KEY: settings.to_dict()}
+
+
+def from_vllm_config(vllm_config: Any) -> DFlashSettings:
+    """The settings of the engine this config belongs to (engine core / worker side). The front end stored them
+    complete in additional_config["dflash"]; a config that never passed there (no dflash speculative config)
+    resolves from the environment and the defaults."""
+    return resolve(None, additional_config_section(getattr(vllm_config, "additional_config", None)))
+
+
+# --------------------------------------------------------------------------- docs/CONFIGURATION.md
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown() -> str:
+    """docs/CONFIGURATION.md (tests/unit/test_settings.py checks the committed file equals this)."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated by vllm_dflash.settings.render_markdown(); do not edit by hand. Regenerate with:",
+        "     python -c \"from vllm_dflash.settings import render_markdown; print(render_markdown(), end='')\" "
+        "> docs/CONFIGURATION.md -->",
+        "",
+        "Every vllm_dflash setting is defined once, in `vllm_dflash/settings.py`; this page is rendered from it.",
+        "",
+        "## Per-deployment settings",
+        "",
+        "One value per engine (`LLM(...)` or `vllm serve`). Write them as speculative-config keys:",
+        "",
+        "```",
+        "vllm serve TARGET --speculative-config "
+        "'{\"method\": \"dflash\", \"model\": \"DRAFT\", \"adaptive\": true, \"diffusion_steps\": 2}'",
+        "```",
+        "",
+        f"Precedence: speculative-config key > `--additional-config '{{\"{ADDITIONAL_CONFIG_KEY}\": {{...}}}}'` > "
+        f"environment variable > default. The front end resolves them once and stores the result in vLLM's "
+        f"`VllmConfig.additional_config[\"{ADDITIONAL_CONFIG_KEY}\"]`, which reaches the engine core and every "
+        "worker with the rest of vLLM's config; nothing is written to the environment, so two `LLM(...)` in one "
+        "process do not share values. An environment variable only sets a default for engines started after it.",
+        "",
+        "| key | type | default | allowed | env var (default) | what it does |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, f in DEPLOYMENT_FIELDS.items():
+        m = f.metadata
+        lines.append(f"| `{name}` | {_cell(m['type'])} | {_cell(m['shown_default'])} | {_cell(m['allowed'])} | "
+                     f"`{env_name(name)}` | {_cell(m['doc'])} |")
+    lines += [
+        "",
+        "## Process settings (environment only)",
+        "",
+        "For what no vLLM config carries. Read when used, in every process that needs them (child processes "
+        "inherit the environment).",
+        "",
+        "| env var | type | default | allowed | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in PROCESS_FIELDS.items():
+        m = f.metadata
+        lines.append(f"| `{env_name(name)}` | {_cell(m['type'])} | {_cell(m['shown_default'])} | "
+                     f"{_cell(m['allowed'])} | {_cell(m['doc'])} |")
+    lines += [
+        "",
+        "## Deprecated names",
+        "",
+        f"Every environment variable above was named `{DEPRECATED_ENV_PREFIX}<NAME>` before (inside vLLM's `VLLM_` "
+        "namespace, which vLLM's environment check reports as unknown). The old names are still read for one "
+        "release when the new name is unset, with a one-time warning naming the new name; when both are set the "
+        "new one wins.",
+        "",
+        "Errors name the setting and its source (`speculative_config.adaptive`, "
+        f"`additional_config.{ADDITIONAL_CONFIG_KEY}.overlap`, `DFLASH_KV_INJECTION`, ...) and the fix.",
+        "",
+    ]
+    return "\n".join(lines)
