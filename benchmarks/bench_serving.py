@@ -7,8 +7,9 @@ same draft checkpoint, each behind a real `vllm serve`, driven by concurrent str
 
 The logic lives in vllm_dflash/bench/ (run.py: flags and driver)."""
 import sys
+from pathlib import Path
 
 from vllm_dflash.bench.run import main
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # as the repo's script: results stay with the committed ones
+    sys.exit(main(out_dir_default=str(Path(__file__).resolve().parent / "results")))

@@ -8,7 +8,36 @@ import os
 import sys
 from pathlib import Path
 
-BUNDLED_DRAFT = Path(__file__).resolve().parent.parent / "models" / "SmolLM2-135M-Instruct-DFlash-b8"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help shows its default: appended as '(default: X)' unless the help already says what the
+    default is (options whose default is computed, e.g. 'default: the machine's fastest')."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default is argparse.SUPPRESS or not action.option_strings
+                or action.required):
+            return text
+        return super()._get_help_string(action)
+
+
+def _is_default_target(target: str | None) -> bool:
+    from vllm_dflash.target import DEFAULT_TARGET_NAME
+
+    return target in (None, "", "default", DEFAULT_TARGET_NAME)
+
+
+def _draft_arg(a: argparse.Namespace) -> str | Path:
+    """--draft of eval / demo: a folder as given, else resolved (bundled draft of a checkout, or 'untrained')."""
+    from vllm_dflash.demo import UNTRAINED, resolve_draft_arg
+
+    if a.draft is not None and a.draft != UNTRAINED:
+        return a.draft  # checked where it is loaded
+    from vllm_dflash.target import resolve_target
+
+    target = resolve_target(a.target) if a.draft == UNTRAINED else None  # the bundled draft needs no target
+    return resolve_draft_arg(a.draft, target, default_target=_is_default_target(a.target))[0]
 
 
 def _env_defaults() -> None:
@@ -25,11 +54,13 @@ def cmd_prepare_target(a: argparse.Namespace) -> int:
 
 
 def cmd_collect(a: argparse.Namespace) -> int:
-    from vllm_dflash.data.collect import CollectConfig, collect, collect_ray
+    from vllm_dflash.data.collect import CollectConfig, collect, collect_ray, resolve_collect_mask
     from vllm_dflash.target import resolve_target
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    cfg = CollectConfig(target=str(resolve_target(a.target)), out_dir=a.out, sources=tuple(a.sources.split(",")),
+    target = resolve_target(a.target)
+    cfg = CollectConfig(target=str(target), out_dir=a.out, sources=tuple(a.sources.split(",")),
+                        mask_token_id=resolve_collect_mask(target, a.mask_token_id),
                         prompts_file=a.prompts, limit=a.limit, max_new_tokens=a.max_new_tokens,
                         max_prompt_tokens=a.max_prompt_tokens, sample_fraction=a.sample_fraction,
                         chunk_size=a.chunk_size, max_num_seqs=a.max_num_seqs, seed=a.seed,
@@ -43,6 +74,7 @@ def cmd_collect(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     from vllm_dflash.evaluate import evaluate_reference, format_report
 
+    a.draft = _draft_arg(a)
     if a.engine == "vllm":
         from vllm_dflash.evaluate_vllm import evaluate_vllm
 
@@ -112,125 +144,146 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vllm_dflash.config import describe_known_mask_token_ids
+
     _env_defaults()
     p = argparse.ArgumentParser(prog="vllm-dflash", description="DFlash speculative decoding for vLLM: "
-                                "prepare the target, collect data, train and evaluate drafts, demo, benchmark.")
+                                "prepare the target, collect data, train and evaluate drafts, demo, benchmark.",
+                                formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    known_masks = describe_known_mask_token_ids()
 
-    s = sub.add_parser("prepare-target", help="convert the bundled SmolLM2-135M-Instruct GGUF to a HF folder")
-    s.add_argument("--out", default=None, help="output folder (default: $VLLM_DFLASH_CACHE/SmolLM2-135M-Instruct)")
-    s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    s.add_argument("--force", action="store_true")
+    def parser(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+
+    s = parser("prepare-target", "convert the bundled SmolLM2-135M-Instruct GGUF to a HF folder")
+    s.add_argument("--out", default=None, help="output folder (default: $DFLASH_CACHE/SmolLM2-135M-Instruct)")
+    s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weights dtype of the folder")
+    s.add_argument("--force", action="store_true", help="convert again even if the folder is complete")
     s.set_defaults(fn=cmd_prepare_target)
 
-    s = sub.add_parser("collect", help="generate training data with the target through vLLM (resumable)")
+    s = parser("collect", "generate training data with the target through vLLM (resumable)")
     s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
     s.add_argument("--out", required=True, help="output folder (resumes what is there)")
     s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs",
                    help="comma-separated prompt sources: code-stdlib, code-codeio, code-pkgs, chat-web, chat-sharegpt "
-                        "(multi-turn; the target answers every turn) (default: %(default)s)")
-    s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources")
-    s.add_argument("--limit", type=int, default=None)
-    s.add_argument("--max-new-tokens", type=int, default=320)
-    s.add_argument("--max-prompt-tokens", type=int, default=768)
+                        "(multi-turn; the target answers every turn)")
+    s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources "
+                   "(default: none, the built-in --sources)")
+    s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")
+    s.add_argument("--max-new-tokens", type=int, default=320, help="response tokens per prompt at most")
+    s.add_argument("--max-prompt-tokens", type=int, default=768, help="longer prompts are skipped (counted)")
     s.add_argument("--sample-fraction", type=float, default=0.25,
-                   help="share of prompts sampled at --temperature instead of greedy (default: %(default)s)")
-    s.add_argument("--temperature", type=float, default=0.7, help="for the sampled share (default: %(default)s)")
+                   help="share of prompts sampled at --temperature instead of greedy")
+    s.add_argument("--temperature", type=float, default=0.7, help="for the sampled share")
+    s.add_argument("--mask-token-id", type=int, default=None,
+                   help="the mask token the drafts will be trained with: recorded in the manifest, and every time the "
+                        "target itself writes it in a response is counted (a token the target writes is a bad mask) "
+                        f"(default: the known id for the target family [{known_masks}], else none)")
     s.add_argument("--enforce-eager", action="store_true",
                    help="disable torch.compile (vLLM's default is compiled: several times faster on CPU)")
     s.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
                    help="model dtype (default: bfloat16 on bf16 CPUs and GPUs, float32 on AVX2-only CPUs)")
-    s.add_argument("--chunk-size", type=int, default=48)
-    s.add_argument("--max-num-seqs", type=int, default=48)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--chunk-size", type=int, default=48, help="prompts per written part (the resume granularity)")
+    s.add_argument("--max-num-seqs", type=int, default=48, help="vLLM's concurrent sequences")
+    s.add_argument("--seed", type=int, default=0, help="prompt order and sampling seed")
     s.add_argument("--exclude-collected", default=None, metavar="DIRS",
                    help="comma-separated collection folders: skip prompts they already answered (another machine's "
-                        "share of the same list)")
-    s.add_argument("--ray", type=int, default=0, metavar="N", help="shard over N Ray actors (one vLLM engine each)")
+                        "share of the same list) (default: none)")
+    s.add_argument("--ray", type=int, default=0, metavar="N",
+                   help="shard over N Ray actors (one vLLM engine each); 0 = one engine in this process")
     s.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     s.set_defaults(fn=cmd_collect)
 
-    s = sub.add_parser("train", help="train (or resume) a DFlash draft on collected trajectories")
+    s = parser("train", "train (or resume) a DFlash draft on collected trajectories")
     s.add_argument("--data", required=True,
                    help="collection folder(s) (vllm-dflash collect --out), comma-separated; read again at every start")
     s.add_argument("--out", required=True, help="run folder: checkpoint/, log.jsonl, curves.png, draft/ (resumes)")
     s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
     s.add_argument("--init-draft", default=None,
                    help="fine-tune: start from this trained draft's weights (architecture and mask from it; the draft "
-                        "vocabulary is rebuilt from the data; new runs only)")
-    s.add_argument("--layers", type=int, default=1, help="draft decoder layers (default: %(default)s)")
-    s.add_argument("--block-size", type=int, default=8, help="draft block size (default: %(default)s)")
-    s.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary (0 = full) (default: %(default)s)")
+                        "vocabulary is rebuilt from the data; new runs only) (default: none, a new draft)")
+    s.add_argument("--layers", type=int, default=1, help="draft decoder layers")
+    s.add_argument("--block-size", type=int, default=8, help="draft block size")
+    s.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary (0 = full)")
     s.add_argument("--mask-token-id", type=int, default=None,
-                   help="mask token (new runs; default: the known id for the target family, e.g. 16 for SmolLM2; "
-                        "required for other targets)")
-    s.add_argument("--batch-size", type=int, default=1, help="sequences per optimizer step (default: %(default)s)")
-    s.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence and step (default: %(default)s)")
-    s.add_argument("--epochs", type=int, default=1, help="passes over the data (default: %(default)s)")
+                   help="mask token (new runs; a resumed run keeps its own) (default: the known id for the target "
+                        f"family [{known_masks}]; required for any other target)")
+    s.add_argument("--batch-size", type=int, default=1, help="sequences per optimizer step")
+    s.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence and step")
+    s.add_argument("--epochs", type=int, default=1, help="passes over the data")
     s.add_argument("--max-steps", type=int, default=None,
-                   help="total optimizer steps (the lr schedule's length; with --epochs, whichever ends first)")
-    s.add_argument("--lr", type=float, default=6e-4, help="peak lr, 4%% warm-up, cosine to 10%% (default: %(default)s)")
+                   help="total optimizer steps (the lr schedule's length; with --epochs, whichever ends first) "
+                        "(default: --epochs alone)")
+    s.add_argument("--lr", type=float, default=6e-4, help="peak lr, 4%% warm-up, cosine to 10%%")
     s.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
-                   help="auto: bf16 autocast on GPUs and CPUs with avx512_bf16 / AMX, fp32 elsewhere (default: %(default)s)")
+                   help="auto: bf16 autocast on GPUs and CPUs with avx512_bf16 / AMX, fp32 elsewhere")
     s.add_argument("--greedy-only", action=argparse.BooleanOptionalAction, default=True,
-                   help="train on greedy (temperature 0) trajectories only; sampled ones are label noise for greedy serving (default: on)")
-    s.add_argument("--max-len", type=int, default=640, help="tokens per sequence, prompt included (default: %(default)s)")
-    s.add_argument("--eval-every", type=int, default=1000, help="held-out τ every this many steps (default: %(default)s)")
-    s.add_argument("--ckpt-every", type=int, default=500, help="checkpoint every this many steps (and every 5 minutes) (default: %(default)s)")
-    s.add_argument("--log-every", type=int, default=50, help="log a training row every this many steps (default: %(default)s)")
+                   help="train on greedy (temperature 0) trajectories only; sampled ones are label noise for greedy "
+                        "serving")
+    s.add_argument("--max-len", type=int, default=640, help="tokens per sequence, prompt included")
+    s.add_argument("--eval-every", type=int, default=1000, help="held-out τ every this many steps")
+    s.add_argument("--ckpt-every", type=int, default=500, help="checkpoint every this many steps (and every 5 minutes)")
+    s.add_argument("--log-every", type=int, default=50, help="log a training row every this many steps")
     s.add_argument("--run-steps", type=int, default=None,
-                   help="stop after this many steps in this invocation (checkpointed; run again to resume)")
+                   help="stop after this many steps in this invocation (checkpointed; run again to resume) "
+                        "(default: no limit)")
     s.add_argument("--run-minutes", type=float, default=None,
-                   help="stop after this many minutes in this invocation (checkpointed; run again to resume)")
-    s.add_argument("--device", default="auto", help="auto (a CUDA GPU when torch sees one), cpu or cuda[:N] "
-                   "(default: %(default)s)")
+                   help="stop after this many minutes in this invocation (checkpointed; run again to resume) "
+                        "(default: no limit)")
+    s.add_argument("--device", default="auto", help="auto (a CUDA GPU when torch sees one), cpu or cuda[:N]")
     s.add_argument("--time-budget-minutes", type=float, default=None,
                    help="fit the lr schedule to this much time: after 20 steps the schedule's length becomes the steps "
-                        "that fit at the measured rate, and the run stops when the time is spent")
-    s.add_argument("--diffusion-steps", type=int, default=1, help="denoising passes per block (default: %(default)s)")
-    s.add_argument("--feature-cache", default=None, help="cache target features on disk here (bf16, 5.76 KB per "
-                   "token for SmolLM2-135M)")
-    s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+                        "that fit at the measured rate, and the run stops when the time is spent (default: none)")
+    s.add_argument("--diffusion-steps", type=int, default=1, help="denoising passes per block")
+    s.add_argument("--feature-cache", default=None, help="cache target features on disk here (bf16, "
+                   "num_features x hidden_size x 2 bytes per token) (default: no cache)")
+    s.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's on CPU, at most 4 on CUDA)")
     s.add_argument("--init-from-target", action="store_true",
                    help="start the draft layers from the target's last layers (new runs only)")
     s.add_argument("--no-target-features", action="store_true",
                    help="ablation baseline: train without target features (context K/V from zeros; not servable)")
     s.add_argument("--train-fraction", type=float, default=1.0,
-                   help="train on this deterministic share of the training split (data-scaling runs; held-out set unchanged) (default: %(default)s)")
+                   help="train on this deterministic share of the training split (data-scaling runs; held-out set "
+                        "unchanged)")
     s.add_argument("--standardize-features", action="store_true",
                    help="fc sees per-dimension standardised features, folded into fc at export (new runs only; "
                         "no gain measured on SmolLM2)")
     s.set_defaults(fn=cmd_train)
 
-    s = sub.add_parser("export", help="a training run's latest checkpoint -> a serving draft folder (bf16)")
+    s = parser("export", "a training run's latest checkpoint -> a serving draft folder (bf16)")
     s.add_argument("--run", required=True, help="the --out folder of `vllm-dflash train`")
     s.add_argument("--out", required=True, help="draft folder to write (config.json + model.safetensors)")
-    s.add_argument("--target", default=None)
+    s.add_argument("--target", default=None, help="the run's target folder (default: SmolLM2-135M-Instruct)")
     s.set_defaults(fn=cmd_export)
 
-    s = sub.add_parser("eval", help="τ, per-position acceptance and speedup of a draft (reference loop)")
-    s.add_argument("--target", default=None)
-    s.add_argument("--draft", default=str(BUNDLED_DRAFT))
+    draft_help = ("DFlash draft folder, or 'untrained' for a random draft shaped for the target (default: the trained "
+                  "draft of a source checkout, models/SmolLM2-135M-Instruct-DFlash-b8, default target only; an error "
+                  "names the fix when it is missing)")
+    s = parser("eval", "τ, per-position acceptance and speedup of a draft (reference loop)")
+    s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--draft", default=None, help=draft_help)
     s.add_argument("--prompts", default="humaneval", help="'humaneval', 'chat' or a JSONL file (prompt/messages)")
-    s.add_argument("--limit", type=int, default=None)
-    s.add_argument("--max-new-tokens", type=int, default=256)
-    s.add_argument("--block-size", type=int, default=None)
-    s.add_argument("--diffusion-steps", type=int, default=None)
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")
+    s.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt at most")
+    s.add_argument("--block-size", type=int, default=None, help="block size (default: the draft's)")
+    s.add_argument("--diffusion-steps", type=int, default=None, help="denoising passes (default: the draft's)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="reference-loop dtype")
     s.add_argument("--no-baseline", action="store_true", help="skip the baseline run (no speedup figure)")
     s.add_argument("--engine", default="reference", choices=["reference", "vllm"],
                    help="reference: the PyTorch loop (baseline = block size 1); vllm: offline vLLM with our drafter "
                         "(baseline = vLLM without speculation)")
     s.add_argument("--concurrency", type=int, default=1, help="requests in flight (vllm engine)")
     s.add_argument("--ngram", type=int, default=0, metavar="K",
-                   help="vllm engine: also run vLLM's prompt lookup with K tokens on the same prompts (its τ beside ours)")
-    s.add_argument("--json", action="store_true")
+                   help="vllm engine: also run vLLM's prompt lookup with K tokens on the same prompts (its τ beside "
+                        "ours); 0 = off")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_eval)
 
-    s = sub.add_parser("demo", help="the main job: serve SmolLM2 without speculation, with vLLM's n-gram and with our "
-                       "drafter, side by side: tok/s, speedup, tokens per forward, τ, greedy exactness",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("--draft", default=str(BUNDLED_DRAFT), help="DFlash draft folder")
+    s = parser("demo", "the main job: serve SmolLM2 without speculation, with vLLM's n-gram and with our drafter, "
+               "side by side: tok/s, speedup, tokens per forward, τ, greedy exactness")
+    s.add_argument("--draft", default=None, help=draft_help)
     s.add_argument("--num-prompts", type=int, default=4, help="HumanEval prompts, sent one at a time")
     s.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
     s.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
@@ -243,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_dflash.bench.run import add_arguments as add_bench_arguments
 
-    s = sub.add_parser("bench", help="serving benchmark: none / ngram / vLLM's dflash / ours over real `vllm serve`, "
-                       "concurrency 1/8/32 (benchmarks/bench_serving.py)")
+    s = parser("bench", "serving benchmark: none / ngram / vLLM's dflash / ours over real `vllm serve`, "
+               "concurrency 1/8/32; results under ./bench-results unless --out-dir (benchmarks/bench_serving.py)")
     add_bench_arguments(s)
     s.set_defaults(fn=cmd_bench)
 

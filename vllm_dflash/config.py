@@ -22,6 +22,54 @@ WEIGHTS_NAME = "model.safetensors"
 SUPPORTED_BLOCK_SIZES = (4, 8, 16)  # what serving supports; training/reference accept any >= 2
 
 
+# ------------------------------------------------------------------ known targets
+# The ONE place the library knows about specific target families. A target is keyed by (model_type, vocab_size) of
+# its Hugging Face config; everything else (shapes, layer ids) comes from the target's config or the draft's.
+# Mask token: a token id the target never reads or writes in chat (docs/MASK_TOKEN.md). Any other target: pass
+# --mask-token-id (mask_token_id= in Python); nothing falls back to these ids silently.
+KNOWN_MASK_TOKEN_IDS: dict[tuple[str, int], int] = {
+    ("llama", 49152): 16,  # SmolLM2 (135M / 360M / 1.7B): 16 <empty_output>
+}
+
+
+def _getter(cfg: Mapping[str, Any] | Any):
+    get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+    text = get("text_config")
+    if text is not None:  # multimodal wrappers keep the LM under text_config
+        return text.get if isinstance(text, Mapping) else (lambda k, d=None, t=text: getattr(t, k, d))
+    return get
+
+
+def target_family(target_config: Mapping[str, Any] | Any) -> tuple[str, int]:
+    """(model_type, vocab_size) of a target's HF config (dict or PretrainedConfig): the key of the known tables."""
+    get = _getter(target_config)
+    outer = target_config.get if isinstance(target_config, Mapping) else (
+        lambda k, d=None: getattr(target_config, k, d))
+    return str(get("model_type") or outer("model_type")), int(get("vocab_size") or 0)
+
+
+def known_mask_token_id(target_config: Mapping[str, Any] | Any) -> int | None:
+    """The mask token id known for this target family, or None (then the caller must be given one)."""
+    return KNOWN_MASK_TOKEN_IDS.get(target_family(target_config))
+
+
+def default_mask_token_id(target_config: Mapping[str, Any] | Any) -> int:
+    """The known mask token id for this target family; any other target raises, naming --mask-token-id."""
+    mask = known_mask_token_id(target_config)
+    if mask is None:
+        model_type, vocab = target_family(target_config)
+        raise ValueError(f"no known mask token for a {model_type} target with vocabulary {vocab}. Fix: pass "
+                         "--mask-token-id (mask_token_id= in Python): a token id the target never reads or writes; "
+                         "see docs/MASK_TOKEN.md")
+    return mask
+
+
+def describe_known_mask_token_ids() -> str:
+    """The known table as text, for help texts (rendered from the table, never written out by hand)."""
+    known = ", ".join(f"{t}/{v} -> {m}" for (t, v), m in KNOWN_MASK_TOKEN_IDS.items())
+    return f"model_type/vocab_size -> id: {known}"
+
+
 class DFlashConfigError(ValueError):
     """A bad draft configuration. The message names the field and the fix."""
 
@@ -302,11 +350,16 @@ class DFlashConfig:
     # ---------------------------------------------------------------- builders
     @classmethod
     def for_target(cls, target: Mapping[str, Any] | Any, *, num_layers: int = 1, block_size: int = 8,
-                   num_features: int = 5, mask_token_id: int, intermediate_size: int | None = None,
+                   num_features: int = 5, mask_token_id: int | None = None, intermediate_size: int | None = None,
                    num_attention_heads: int | None = None, num_key_value_heads: int | None = None,
                    draft_vocab_size: int | None = None, rope_theta: float | None = None) -> "DFlashConfig":
-        """A draft shaped for `target` (HF config): same hidden size and vocabulary, Qwen3-style layers."""
-        get = target.get if isinstance(target, Mapping) else (lambda k, d=None: getattr(target, k, d))
+        """A draft shaped for `target` (HF config): same hidden size and vocabulary, Qwen3-style layers.
+
+        mask_token_id None: the id known for the target family (KNOWN_MASK_TOKEN_IDS); any other target raises
+        ValueError naming --mask-token-id."""
+        if mask_token_id is None:
+            mask_token_id = default_mask_token_id(target)
+        get = _getter(target)
         hidden, layers = int(get("hidden_size")), int(get("num_hidden_layers"))
         heads = num_attention_heads or int(get("num_attention_heads"))
         kv = num_key_value_heads or int(get("num_key_value_heads") or heads)

@@ -31,6 +31,7 @@ def evaluate_reference(*, target: str | None, draft: str | Path, prompts: str, l
     from tqdm import tqdm
 
     from vllm_dflash.data.prompts import get_prompts, render
+    from vllm_dflash.target import DEFAULT_TARGET_NAME
 
     tgt, tok, d = load_pair(target, draft, dtype)
     items = get_prompts(prompts, limit)
@@ -52,7 +53,7 @@ def evaluate_reference(*, target: str | None, draft: str | Path, prompts: str, l
             base_time += time.perf_counter() - t0
             base_tokens += len(rb.token_ids)
     report = {
-        "target": str(target or "SmolLM2-135M-Instruct"), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
+        "target": str(target or DEFAULT_TARGET_NAME), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
         "block_size": B, "diffusion_steps": spec.diffusion_steps, "max_new_tokens": max_new_tokens,
         "acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
         "histogram": stats.histogram, "num_steps": stats.num_steps, "output_tokens": spec_tokens,

@@ -21,7 +21,7 @@ reduced vocabulary, in which case `lm_head.weight` [draft_vocab, H] (the target'
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_dflash.config import WEIGHTS_NAME, DFlashConfig, DFlashConfigError
+from vllm_dflash.config import WEIGHTS_NAME, DFlashConfig, DFlashConfigError, build_target_layer_ids
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [N, T, num_kv_heads, head_dim]
 
@@ -132,33 +132,61 @@ class DFlashDecoderLayer(nn.Module):
 
 # Article-style keyword aliases accepted by DFlashDraftModel(**kwargs).
 _ALIASES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"}
-# Shape of the default target (SmolLM2-135M-Instruct) used for fields a caller leaves out.
-SMOLLM2_DEFAULTS: dict[str, Any] = dict(
-    hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-    intermediate_size=1536, vocab_size=49152, num_target_layers=30, target_layer_ids=(1, 8, 14, 21, 27),
-    mask_token_id=16, block_size=8, rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-)
+# DFlashConfig.for_target's builder arguments (the rest of the keywords override its result).
+_FOR_TARGET_ARGS = ("block_size", "mask_token_id", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                    "draft_vocab_size", "rope_theta")
+
+
+def _config_from_kwargs(kwargs: dict[str, Any], target_config: Any) -> DFlashConfig:
+    """DFlashDraftModel(**kwargs) / DFlashDraftModel(target_config=..., **kwargs) -> DFlashConfig. No field is
+    filled from a particular target: the shape comes from `target_config` or from the keywords themselves."""
+    known = {f.name for f in fields(DFlashConfig)}
+    args: dict[str, Any] = {}
+    num_features = kwargs.pop("num_features", None)
+    for k, v in kwargs.items():
+        k = _ALIASES.get(k, k)
+        if k not in known:
+            raise TypeError(f"DFlashDraftModel: unknown argument {k!r}; valid: "
+                            f"{sorted(known | set(_ALIASES) | {'num_features', 'target_config'})}")
+        args[k] = v
+    if target_config is not None:
+        build = {k: args.pop(k) for k in _FOR_TARGET_ARGS if k in args}
+        cfg = DFlashConfig.for_target(target_config, num_layers=args.pop("num_hidden_layers", 1),
+                                      num_features=num_features or 5, **build)
+        return cfg.with_(**args) if args else cfg
+    if "target_layer_ids" not in args and "num_target_layers" in args:
+        args["target_layer_ids"] = build_target_layer_ids(int(args["num_target_layers"]),
+                                                          min(num_features or 5, int(args["num_target_layers"])))
+    if "num_attention_heads" in args:  # the usual HF derivations (no target-specific values)
+        args.setdefault("num_key_value_heads", args["num_attention_heads"])
+        if "hidden_size" in args:
+            args.setdefault("head_dim", int(args["hidden_size"]) // int(args["num_attention_heads"]))
+    required = [f.name for f in fields(DFlashConfig) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in args]
+    if missing:
+        raise TypeError(f"DFlashDraftModel: missing {', '.join(missing)}. Fix: pass a DFlashConfig "
+                        "(DFlashConfig.from_pretrained / for_target), or target_config=<the target's HF config> "
+                        "(with mask_token_id= for a target not in KNOWN_MASK_TOKEN_IDS) to derive the shape, or "
+                        "every shape field as a keyword")
+    return DFlashConfig(**args)
 
 
 class DFlashDraftModel(nn.Module):
-    """DFlash draft. `DFlashDraftModel(config)` or `DFlashDraftModel(hidden_size=576, num_layers=2,
-    block_size=8, diffusion_steps=1, ...)` (unspecified fields default to a SmolLM2-135M draft).
+    """DFlash draft. `DFlashDraftModel(config)`, `DFlashDraftModel(target_config=hf_config, num_layers=2,
+    block_size=8, mask_token_id=M)` (shape derived from the target: DFlashConfig.for_target) or
+    `DFlashDraftModel(hidden_size=..., num_layers=..., vocab_size=..., mask_token_id=..., ...)` (every shape field
+    given). Nothing defaults to a particular target.
 
     Call `bind_target(embed_weight, lm_head_weight)` (or `from_pretrained(..., target=model)`) before
     drafting: the embedding and lm_head are the target's, frozen, and never saved (except the rows of
     a reduced draft vocabulary, which vLLM needs as the draft's own lm_head)."""
 
-    def __init__(self, config: DFlashConfig | None = None, **kwargs: Any):
+    def __init__(self, config: DFlashConfig | None = None, *, target_config: Any = None, **kwargs: Any):
         super().__init__()
         if config is None:
-            known = {f.name for f in fields(DFlashConfig)}
-            args = dict(SMOLLM2_DEFAULTS)
-            for k, v in kwargs.items():
-                k = _ALIASES.get(k, k)
-                if k not in known:
-                    raise TypeError(f"DFlashDraftModel: unknown argument {k!r}; valid: {sorted(known | set(_ALIASES))}")
-                args[k] = v
-            config = DFlashConfig(**args)
+            config = _config_from_kwargs(kwargs, target_config)
+        elif target_config is not None:
+            raise TypeError("DFlashDraftModel: pass a DFlashConfig or target_config=, not both")
         elif kwargs:
             config = config.with_(**{_ALIASES.get(k, k): v for k, v in kwargs.items()})
         self.config = config

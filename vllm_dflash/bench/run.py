@@ -14,14 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash import settings
 from vllm_dflash.bench import stats
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-BUNDLED_DRAFT = REPO / "models" / "SmolLM2-135M-Instruct-DFlash-b8"
+# Results and server logs go under the current directory unless --out-dir / --log-dir say otherwise (never into the
+# package's own folder: an installed package has no source tree).
+DEFAULT_OUT_DIR = "bench-results"
 # --quick and the full run differ only in these defaults (an explicit flag wins in both).
 # Quick: each `vllm serve` start costs 1-3 min on 2 busy cores, so it leaves out ngram and ours-adaptive.
 PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32", "num_prompts": 16, "max_tokens": 256,
@@ -29,34 +31,39 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
            "quick": {"configs": "none,vllm-dflash,ours", "concurrency": "1,8", "num_prompts": 2, "max_tokens": 32,
                      "name": "bench_serving_quick"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
-PLUGIN_ENV = ("VLLM_DFLASH_DIFFUSION_STEPS", "VLLM_DFLASH_CONFIDENCE_THRESHOLD", "VLLM_DFLASH_METRICS_DIR",
-              "VLLM_DFLASH_OVERLAP", "VLLM_DFLASH_KV_INJECTION", "VLLM_DFLASH_ADAPTIVE")
+PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
+                                "adaptive") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
 LAYOUT = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
           "process, TP 1), one process group per configuration, started one after another; the benchmark "
           "client (asyncio, one process) runs on the same machine")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT_DIR) -> None:
+    """The bench flags. `out_dir_default`: --out-dir's default (a relative path is under the current directory)."""
     q = PRESETS["quick"]
     p.add_argument("--quick", action="store_true", help=f"small run (< 10 min on 2 cores): configs {q['configs']}, "
                    f"concurrency {q['concurrency']}, {q['num_prompts']} prompts, {q['max_tokens']} tokens")
     p.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct, prepared once)")
-    p.add_argument("--draft", default=None, help=f"DFlash draft folder (default: {BUNDLED_DRAFT} if present, "
-                   "else the demo's untrained draft, flagged UNTRAINED in the results)")
+    p.add_argument("--draft", default=None, help="DFlash draft folder, or 'untrained' for a random draft shaped for "
+                   "the target (flagged UNTRAINED in the results) (default: the trained draft of a source checkout, "
+                   "models/SmolLM2-135M-Instruct-DFlash-b8, default target only; an error names the fix when it is "
+                   "missing)")
     p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)} (default: all; quick: "
                    f"{q['configs']})")
     p.add_argument("--prompt-sets", default="humaneval,chat",
                    help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), or JSONL files")
     p.add_argument("--concurrency", default=None, help="comma list of requests in flight (default 1,8,32; quick 1,8)")
-    p.add_argument("--num-prompts", type=int, default=None, help="prompts per run = max(this, concurrency)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts per run = max(this, concurrency) (default 16; quick 2)")
     p.add_argument("--max-tokens", type=int, default=None, help="max output tokens per request (default 256; quick 32)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
     p.add_argument("--num-spec-tokens", type=int, default=None, help="DFlash drafts per step (default: block size - 1)")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every server")
     p.add_argument("--cpu-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of every server (default: vLLM's auto)")
     p.add_argument("--kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE of every server")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest concurrency")
+    p.add_argument("--max-model-len", type=int, default=2048, help="vLLM's max_model_len of every server")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="vLLM's max_num_seqs of every server (default: the largest concurrency)")
     p.add_argument("--dtype", default=None, help="model dtype of every server (default: the machine's fastest: bfloat16 "
                    "with avx512_bf16, else float32)")
     p.add_argument("--enforce-eager", action="store_true",
@@ -65,11 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra speculative-config key for one configuration (JSON value), repeatable")
     p.add_argument("--env", action="append", default=[], metavar="CONFIG:KEY=VALUE",
                    help="extra server env var for one configuration, repeatable")
-    p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--out-dir", default=out_dir_default,
+                   help="results folder: <name>.json, <name>.md, plots (default: %(default)s, relative to the current "
+                        "directory)")
     p.add_argument("--name", default=None, help="output file stem (default bench_serving / bench_serving_quick)")
-    p.add_argument("--log-dir", default=None, help="server logs (default: runs/bench_serving/<name>)")
+    p.add_argument("--log-dir", default=None, help="server logs (default: <out-dir>/logs/<name>)")
     p.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for a server to become healthy")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--fail-on-mismatch", action="store_true",
                    help="exit 3 when a greedy output differs from none beyond a numerical near-tie (float32: any "
                         "difference; bf16: a top-2 logprob margin above vllm_dflash.exactness.NEAR_TIE_NATS)")
@@ -104,17 +113,14 @@ def level_slices(levels: list[int], num_prompts: int) -> dict[int, slice]:
     return out
 
 
-def resolve_draft(draft: str | None, target: Path) -> tuple[Path, bool]:
-    """(draft folder, trained?) An explicit draft must exist; by default the bundled draft, else the demo's untrained one."""
-    if draft is not None:
-        if not (Path(draft) / "config.json").is_file():
-            raise FileNotFoundError(f"bench: draft {draft!r} has no config.json. Fix: pass a DFlash draft folder")
-        return Path(draft), True
-    from vllm_dflash.demo import ensure_draft
+def resolve_draft(draft: str | None, target: Path, default_target: bool = True) -> tuple[Path, bool]:
+    """(draft folder, trained?) for --draft: a folder (must exist), 'untrained', or None: the trained draft of a
+    source checkout (default target only; a clear error with the fix when it is missing)."""
+    from vllm_dflash.demo import resolve_draft_arg
 
-    path, untrained = ensure_draft(BUNDLED_DRAFT, target)
+    path, untrained = resolve_draft_arg(draft, target, default_target=default_target)
     if untrained:
-        logger.warning("no trained draft at %s: benchmarking an UNTRAINED draft (%s)", BUNDLED_DRAFT, path)
+        logger.warning("benchmarking an UNTRAINED draft (%s): expect τ ≈ 1", path)
     return path, not untrained
 
 
@@ -336,8 +342,10 @@ def run_from_args(a: argparse.Namespace) -> int:
     draft, trained, k = None, True, a.num_spec_tokens
     if any(c.uses_draft for c in configs):
         from vllm_dflash.config import DFlashConfig
+        from vllm_dflash.target import DEFAULT_TARGET_NAME
 
-        draft, trained = resolve_draft(a.draft, target)
+        draft, trained = resolve_draft(a.draft, target, default_target=a.target in (None, "", "default",
+                                                                                    DEFAULT_TARGET_NAME))
         k = k or DFlashConfig.from_pretrained(draft).block_size - 1
     need = max(s.stop for s in level_slices(levels, a.num_prompts).values()) + 1  # the slices + the warm-up prompt
     prompts = {ps: load_prompt_set(ps, need) for ps in prompt_sets}
@@ -346,11 +354,11 @@ def run_from_args(a: argparse.Namespace) -> int:
             raise ValueError(f"bench: prompt set {ps!r} has {len(items)} prompts, the levels {levels} with "
                              f"--num-prompts {a.num_prompts} need {need} distinct ones. Fix: fewer prompts or levels")
     max_num_seqs, dtype = a.max_num_seqs or max(levels), a.dtype or default_dtype()
-    log_dir = Path(a.log_dir or REPO / "runs" / "bench_serving" / a.name)
+    log_dir = Path(a.log_dir or Path(a.out_dir) / "logs" / a.name)
     log_dir.mkdir(parents=True, exist_ok=True)
     base_env: dict[str, str | None] = {"OMP_NUM_THREADS": str(a.threads), "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib),
                                        "TOKENIZERS_PARALLELISM": "false", **{e: None for e in PLUGIN_ENV},
-                                       "VLLM_DFLASH_PROFILE": "1"}  # target forward timed (with our drafter)
+                                       "DFLASH_PROFILE": "1"}  # target forward timed (with our drafter)
     if a.cpu_bind:
         base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
@@ -395,8 +403,11 @@ def _tau(run: dict[str, Any]) -> str:
     return "–" if tau is None else f"{tau:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, out_dir_default: str = DEFAULT_OUT_DIR) -> int:
+    """benchmarks/bench_serving.py's entry point; `out_dir_default` lets a script keep its own results folder."""
+    from vllm_dflash.cli import HelpFormatter
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    p = argparse.ArgumentParser(prog="bench_serving", description=__doc__)
-    add_arguments(p)
+    p = argparse.ArgumentParser(prog="bench_serving", description=__doc__, formatter_class=HelpFormatter)
+    add_arguments(p, out_dir_default)
     return run_from_args(p.parse_args(argv))

@@ -8,7 +8,10 @@ Layout of an output folder:
                      uint16 array (uint32 for vocabularies past 65,535) with offsets, plus the records' metadata
                      (older folders hold part-*.jsonl.gz; both are read)
   manifest.json      settings, counts, skip reasons, throughput, dtype, compile mode and CPU kind (rewritten
-                     after every chunk)
+                     after every chunk); the mask token the drafts will use (`mask_token_id`, from --mask-token-id or
+                     the known table, else null) and how often the target itself wrote it in its responses
+                     (`mask_token_in_responses`: tokens, `mask_token_responses`: responses holding it; both should
+                     stay 0, a token the target writes is a bad mask)
 
 A record: {"id", "source", "prompt_ids", "response_ids", "temperature", "finish_reason"}. Multi-turn items
 (`followups`, e.g. ShareGPT) give one record per turn, id `ID#tK`: turn K's prompt is the conversation so far
@@ -58,6 +61,34 @@ class CollectConfig:
     enforce_eager: bool = False  # False = vLLM's default (torch.compile): several times faster on CPU
     dtype: str | None = None  # None = default_dtype() (bf16 where the CPU has it, else fp32)
     exclude_collected: tuple[str, ...] = ()  # other collection folders: prompts they already answered are skipped
+    mask_token_id: int | None = None  # the drafts' mask token: recorded, and counted in the target's responses
+
+
+def resolve_collect_mask(target: str | Path, mask_token_id: int | None) -> int | None:
+    """--mask-token-id of collect: as given, else the id known for the target family, else None (nothing counted)."""
+    if mask_token_id is not None:
+        return mask_token_id
+    from vllm_dflash.config import known_mask_token_id
+
+    cfg_file = Path(target) / "config.json"
+    return known_mask_token_id(json.loads(cfg_file.read_text())) if cfg_file.is_file() else None
+
+
+def count_mask(records: list[dict[str, Any]], mask_token_id: int | None) -> tuple[int, int]:
+    """(mask tokens the target wrote, responses holding at least one) over `records`; (0, 0) without a mask."""
+    if mask_token_id is None:
+        return 0, 0
+    counts = [list(r["response_ids"]).count(mask_token_id) for r in records]
+    return sum(counts), sum(c > 0 for c in counts)
+
+
+def warn_mask_in_responses(man: dict[str, Any], where: str | Path) -> None:
+    n, n_resp = man.get("mask_token_in_responses", 0), man.get("mask_token_responses", 0)
+    if n:
+        logger.warning("collect: the target wrote the mask token %d %d times in %d responses (%s): a draft trained with "
+                       "it cannot tell a masked position from that real token. Fix: pick a token id the target never "
+                       "reads or writes (docs/MASK_TOKEN.md) and pass it as --mask-token-id to collect (to check it) "
+                       "and to train", man.get("mask_token_id"), n, n_resp, where)
 
 
 def _is_sampled(item_id: str, fraction: float) -> bool:
@@ -202,10 +233,22 @@ class Collector:
                            disable_log_stats=True)
         return self.llm
 
+    def _sync_mask(self, man: dict[str, Any]) -> None:
+        """Record this run's mask token; a folder collected without it (or with another) is recounted once from its
+        parts (a few seconds: reading parts, no generation)."""
+        mask = self.cfg.mask_token_id
+        if "mask_token_in_responses" in man and man.get("mask_token_id") == mask:
+            return
+        man["mask_token_id"] = mask
+        records = [r for part in _parts(self.out)
+                   for r in (decode_part(part) if part.suffix == ".npz" else read_jsonl(part))]
+        man["mask_token_in_responses"], man["mask_token_responses"] = count_mask(records, mask)
+
     def run(self, progress: bool = True) -> dict[str, Any]:
         from tqdm import tqdm
 
         man = self._load_manifest()
+        self._sync_mask(man)
         done = set(man["done_ids"]) | set(man.get("skipped_ids", [])) | collected_ids(self.cfg.exclude_collected)
         todo = [it for it in self.mine if it["id"] not in done]
         bar = tqdm(total=len(self.mine), initial=len(self.mine) - len(todo), desc=f"collect[{self.cfg.shard[0]}]",
@@ -225,6 +268,9 @@ class Collector:
                 man["skipped"][reason] = man["skipped"].get(reason, 0) + 1
             man["num_records"] += len(records)
             man["num_response_tokens"] += sum(len(r["response_ids"]) for r in records)
+            n_mask, n_mask_resp = count_mask(records, self.cfg.mask_token_id)
+            man["mask_token_in_responses"] += n_mask
+            man["mask_token_responses"] += n_mask_resp
             man["wall_time_s"] += time.perf_counter() - t0
             man["tokens_per_s"] = man["num_response_tokens"] / max(man["wall_time_s"], 1e-9)
             man["last_chunk"] = {"tokens_per_s": sum(len(r["response_ids"]) for r in records) /
@@ -235,6 +281,7 @@ class Collector:
             bar.update(len(chunk))
             bar.set_postfix(records=man["num_records"], tok_s=f"{man['tokens_per_s']:.0f}", skipped=sum(man["skipped"].values()))
         bar.close()
+        warn_mask_in_responses(man, self.out)
         return man
 
     def _params(self, item_id: str):
@@ -335,6 +382,10 @@ def collect_ray(cfg: CollectConfig, num_workers: int, progress: bool = True, add
     merged = {"config": asdict(cfg), "ray_workers": num_workers, "num_records": sum(m["num_records"] for m in mans),
               "num_response_tokens": sum(m["num_response_tokens"] for m in mans),
               "skipped": dict(sum((Counter(m["skipped"]) for m in mans), Counter())),
+              "mask_token_id": cfg.mask_token_id,
+              "mask_token_in_responses": sum(m.get("mask_token_in_responses", 0) for m in mans),
+              "mask_token_responses": sum(m.get("mask_token_responses", 0) for m in mans),
               "shards": [f"shard-{i}" for i in range(num_workers)]}
     _write_atomic(Path(cfg.out_dir) / "manifest.json", json.dumps(merged, indent=1))
+    warn_mask_in_responses(merged, cfg.out_dir)
     return merged

@@ -6,28 +6,16 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
+# The known-targets table lives in vllm_dflash.config (the one place the library knows target families); both names
+# stay importable from here.
+from vllm_dflash.config import KNOWN_MASK_TOKEN_IDS, default_mask_token_id  # noqa: F401
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
-
-# Mask token ids known per target family, keyed by (model_type, vocab_size) of the target's config: a token the
-# target never reads or writes in chat (docs/MASK_TOKEN.md). Other targets: pass --mask-token-id.
-KNOWN_MASK_TOKEN_IDS: dict[tuple[str, int], int] = {
-    ("llama", 49152): 16,  # SmolLM2 (135M / 360M / 1.7B): 16 <empty_output>
-}
-
-
-def default_mask_token_id(target_config: Mapping[str, Any] | Any) -> int:
-    get = target_config.get if isinstance(target_config, Mapping) else (lambda k, d=None: getattr(target_config, k, d))
-    key = (str(get("model_type")), int(get("vocab_size")))
-    if key not in KNOWN_MASK_TOKEN_IDS:
-        raise ValueError(f"no known mask token for a {key[0]} target with vocabulary {key[1]}. Fix: pass "
-                         "--mask-token-id (a token id the target never reads or writes; see docs/MASK_TOKEN.md)")
-    return KNOWN_MASK_TOKEN_IDS[key]
 
 
 def frequent_vocab(dataset, size: int, always: tuple[int, ...] = (), fill_from_prompts: bool = True) -> torch.Tensor:
@@ -128,6 +116,16 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
     dev = torch.device(device)
     autocast = {"auto": dev.type == "cuda" or default_dtype() == "bfloat16", "bf16": True, "fp32": False}[precision]
     tpath = resolve_target(target)
+    ckpt = Path(out) / "checkpoint"
+    resume = (ckpt / "config.json").exists()
+    if resume:  # the checkpoint fixes the mask: a different --mask-token-id is named, never ignored
+        saved_mask = DFlashConfig.from_pretrained(ckpt).mask_token_id
+        if mask_token_id is not None and mask_token_id != saved_mask:
+            raise ValueError(f"--mask-token-id {mask_token_id} differs from the mask of the run being resumed "
+                             f"({saved_mask}, {ckpt}). Fix: drop --mask-token-id, or start a new run (--out)")
+    elif not init_draft and mask_token_id is None:
+        # before anything heavy is loaded: a target outside the known table needs --mask-token-id (never a guess)
+        mask_token_id = default_mask_token_id(json.loads((tpath / "config.json").read_text()))
     tgt = AutoModelForCausalLM.from_pretrained(str(tpath), dtype=torch.float32).eval().to(dev)
     ds = TrajectoryDataset.from_dir(data, max_len=max_len)
     train, held = ds.split()
@@ -142,8 +140,7 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
     logger.info("data: %d train sequences (%d response tokens), %d held-out greedy sequences (%d in this run's "
                 "curve), %d sampled dropped, %d skipped", len(train), train.num_response_tokens(), len(held),
                 len(held_run), n_sampled, ds.skipped)
-    ckpt = out_dir / "checkpoint"
-    if (ckpt / "config.json").exists():  # resume: the draft architecture comes from the checkpoint
+    if resume:  # the draft architecture comes from the checkpoint
         draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
     else:
         vocab_ids = None
@@ -156,9 +153,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
                                  f"({draft.config.mask_token_id}). Fix: drop --mask-token-id")
             logger.info("draft initialised from %s (fine-tuning)", init_draft)
         else:
-            mask = mask_token_id if mask_token_id is not None else default_mask_token_id(tgt.config)
             cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
-                                          mask_token_id=mask, draft_vocab_size=draft_vocab_size
+                                          mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size
                                           ).with_(use_target_features=use_target_features)
             if vocab_ids is not None:
                 cfg = cfg.with_(draft_vocab_size=len(vocab_ids))
@@ -174,6 +170,12 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
                 logger.info("draft layers initialised from the target's last %d layer(s): %d tensors copied",
                             len(draft.layers), init_layers_from_target(draft, tgt))
     draft = draft.to(dev)
+    mask = draft.config.mask_token_id
+    n_mask = sum(s.tokens[s.prompt_len:].count(mask) for s in train.items)  # tuple.count: ~ms per million tokens
+    if n_mask:
+        logger.warning("the target wrote the mask token %d %d times in the training responses: the draft cannot tell a "
+                       "masked position from that real token. Fix: a new run with --mask-token-id <a token id the "
+                       "target never reads or writes> (docs/MASK_TOKEN.md)", mask, n_mask)
     logger.info("draft: %d layers, block %d, %.1fM trainable parameters, draft vocabulary %s, mask %d, %s",
                 draft.config.num_hidden_layers, draft.config.block_size, draft.num_parameters() / 1e6,
                 draft.config.draft_vocab_size or "full", draft.config.mask_token_id,
