@@ -3,7 +3,7 @@
 """Soak test: `vllm serve` with our DFlash drafter under load, faults and bad input; figures as JSON, exit 1 on
 any failed check.
 
-    python benchmarks/soak.py --quick                  # ~5 min (CI: tests/test_soak.py)
+    python benchmarks/soak.py --quick                  # ~5 min (CI: tests/e2e/test_soak.py)
     python benchmarks/soak.py                          # the full soak: 64 clients, 3 rounds, 20 min
     python benchmarks/soak.py --render benchmarks/results/soak-full.json benchmarks/results/soak-quick.json \
         --notes benchmarks/soak_notes.md --md docs/RELIABILITY.md   # the report from the JSON results
@@ -56,12 +56,11 @@ def log(msg: str) -> None:
 
 def resolve_models() -> tuple[Path, Path, bool]:
     """The demo's target and draft (the trained draft if present, else the demo's untrained one)."""
-    from vllm_dflash.cli import BUNDLED_DRAFT
-    from vllm_dflash.demo import ensure_draft
+    from vllm_dflash.demo import BUNDLED_DRAFT_NAME, ensure_draft
     from vllm_dflash.target import default_target_dir, is_prepared, prepare_target
 
     target = default_target_dir() if is_prepared(default_target_dir()) else prepare_target()
-    draft, untrained = ensure_draft(BUNDLED_DRAFT, target)
+    draft, untrained = ensure_draft(REPO / "models" / BUNDLED_DRAFT_NAME, target)
     return target, draft, untrained
 
 

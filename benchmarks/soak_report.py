@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak test's bookkeeping: a round's figures from its outcomes, the server-log accounting, the pass/fail checks
 over the whole JSON result, and the markdown rendering of docs/RELIABILITY.md. Pure functions (no I/O but the
-render's file read), so the checks are unit-tested on doctored results (tests/test_soak.py)."""
+render's file read), so the checks are unit-tested on doctored results (tests/unit/test_soak_checks.py)."""
 from __future__ import annotations
 
 import re
@@ -300,7 +300,7 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
            + (f" --notes {notes_path}" if notes_path else "") + " --md docs/RELIABILITY.md` from "
            "the JSON the soak writes (the findings section comes from the notes file and holds no figures); do not "
            "edit the figures by hand. Re-run: `python benchmarks/soak.py --quick` "
-           "(~5 min, CI: tests/test_soak.py) or `python benchmarks/soak.py` (full, ~20 min).", "",
+           "(~5 min, CI: tests/e2e/test_soak.py) or `python benchmarks/soak.py` (full, ~20 min).", "",
            "## Method", "", METHOD, ""] + ([notes.strip(), ""] if notes else []) + [
            "## Results", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for key in rows[0]:

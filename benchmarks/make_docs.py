@@ -1,0 +1,412 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Generate docs/BENCHMARKS.md from the result files in benchmarks/results/.
+
+    python benchmarks/make_docs.py            # write docs/BENCHMARKS.md
+    python benchmarks/make_docs.py --check    # exit 1 if docs/BENCHMARKS.md is not what the JSON gives
+
+Every table states the machine, the command and the date of its measurement. What a JSON file does not record
+itself (older files have no machine or command field) comes from PROVENANCE below and is marked as such in the
+output. Hand-written readings of the tables live in benchmarks/benchmark_notes.md (one `## <result stem>` section
+per result file, plus `## intro` and `## unbacked`); they are copied in verbatim, marked as hand-written.
+
+Standard library only, plus the serving benchmark's own renderers (vllm_dflash.bench.report: no torch, no vLLM).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vllm_dflash.bench.report import render_acceptance, render_adaptive, render_time_split  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+NOTES = REPO / "benchmarks" / "benchmark_notes.md"
+OUT = REPO / "docs" / "BENCHMARKS.md"
+
+# The two machine kinds the results were measured on. `cpu` must occur in the CPU name a JSON records (checked).
+MACHINES = {
+    "epyc-avx2": {"cpu": "AMD EPYC",
+                  "kind": "2-core AMD EPYC, AVX2 only (no AVX-512, no bf16), 24 GiB, no GPU"},
+    "xeon-bf16": {"cpu": "Xeon",
+                  "kind": "2-core Intel Xeon with avx512_bf16 and amx_bf16, 24 GiB, no GPU"},
+}
+
+# Facts a result file does not record itself: which machine (kind) it ran on, and for the files that do not
+# store their command line, the command. Taken from the commit that added each file and the project's log.
+PROVENANCE: dict[str, dict[str, str]] = {
+    "bench_merged": {"machine": "xeon-bf16"},
+    "bench_serving": {"machine": "epyc-avx2"},
+    "bench_adaptive_overlap": {"machine": "epyc-avx2"},
+    "bench_serving_quick": {"machine": "epyc-avx2"},
+    "eval_humaneval164": {"machine": "epyc-avx2"},
+    "kv_injection": {"machine": "epyc-avx2",
+                     "command": "python benchmarks/bench_kv_injection.py --clock cpu --serving"},
+    "draft_depth": {"machine": "epyc-avx2"},
+    "profile_train_step": {"machine": "epyc-avx2",
+                           "command": "python benchmarks/profile_train_step.py --threads 1 "
+                                      "--out benchmarks/results/profile_train_step.json"},
+    "soak": {"machine": "epyc-avx2"},
+}
+
+# Order of the sections; result files not listed here are appended in name order (serving JSON only).
+ORDER = ["bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164", "kv_injection",
+         "draft_depth", "profile_train_step", "soak", "bench_serving_quick"]
+
+BENCH_DEFAULTS = {"prompt_sets": ["humaneval", "chat"], "threads": 1, "kv_cache_gib": 2, "max_model_len": 2048,
+                  "num_speculative_tokens": 7}
+
+
+def git_date(path: Path) -> str:
+    """Date of the last commit that touched `path` (YYYY-MM-DD), or 'uncommitted'."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path.relative_to(REPO))], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    return out or "uncommitted"
+
+
+def machine(stem: str, recorded_cpu: str | None = None) -> str:
+    """The machine kind of a result, checked against the CPU name the JSON records (when it records one)."""
+    key = PROVENANCE.get(stem, {}).get("machine")
+    if key is None:
+        return recorded_cpu or "not recorded"
+    m = MACHINES[key]
+    if recorded_cpu is not None and m["cpu"] not in recorded_cpu:
+        raise SystemExit(f"make_docs: {stem}: PROVENANCE says {key!r} but the JSON records CPU {recorded_cpu!r}. "
+                         "Fix: correct PROVENANCE")
+    return m["kind"] if recorded_cpu else f"{m['kind']} (not recorded in the JSON)"
+
+
+def read_notes() -> dict[str, str]:
+    """benchmark_notes.md split at its `## name` headings."""
+    if not NOTES.is_file():
+        return {}
+    notes: dict[str, str] = {}
+    name = None
+    for line in NOTES.read_text().splitlines():
+        if line.startswith("## "):
+            name = line[3:].strip()
+            notes[name] = ""
+        elif name is not None:
+            notes[name] += line + "\n"
+    return {k: v.strip() for k, v in notes.items()}
+
+
+def provenance_block(date: str, mach: str, command: str, extra: str = "", command_note: str = "") -> list[str]:
+    cmd = f"- command: `{command}`" + (f" ({command_note})" if command_note else "")
+    return [f"- date: {date}", f"- machine: {mach}", cmd] + ([f"- {extra}"] if extra else [])
+
+
+NOT_RECORDED = "not recorded in the JSON; from make_docs.py"
+
+
+def hand(notes: dict[str, str], key: str) -> list[str]:
+    text = notes.get(key)
+    return ["", "**Reading (hand-written, benchmarks/benchmark_notes.md):**", "", text] if text else []
+
+
+# ---- serving benchmark (vllm-dflash bench) ----------------------------------------------------------------------
+
+def bench_command(m: dict[str, Any], configs: list[str]) -> str:
+    """The `vllm-dflash bench` command line that reproduces a run's recorded settings with today's CLI."""
+    if m.get("quick"):
+        cmd = ["vllm-dflash bench --quick"]
+    else:
+        cmd = [f"vllm-dflash bench --configs {','.join(configs)}"]
+        if m["prompt_sets"] != BENCH_DEFAULTS["prompt_sets"]:
+            cmd.append(f"--prompt-sets {','.join(m['prompt_sets'])}")
+        cmd += [f"--concurrency {','.join(map(str, m['concurrency']))}", f"--num-prompts {m['num_prompts']}",
+                f"--max-tokens {m['max_tokens']}"]
+    eng, lay = m["engine"], m["layout"]
+    cmd.append(f"--dtype {eng['dtype']}")
+    if eng.get("enforce_eager", True):
+        cmd.append("--enforce-eager")
+    if m.get("ignore_eos"):
+        cmd.append("--ignore-eos")
+    if m.get("num_speculative_tokens") != BENCH_DEFAULTS["num_speculative_tokens"]:
+        cmd.append(f"--num-spec-tokens {m['num_speculative_tokens']}")
+    if lay.get("omp_num_threads") != BENCH_DEFAULTS["threads"]:
+        cmd.append(f"--threads {lay['omp_num_threads']}")
+    if eng.get("kv_cache_gib") != BENCH_DEFAULTS["kv_cache_gib"]:
+        cmd.append(f"--kv-cache-gib {eng['kv_cache_gib']}")
+    if eng.get("max_model_len") != BENCH_DEFAULTS["max_model_len"]:
+        cmd.append(f"--max-model-len {eng['max_model_len']}")
+    if not m.get("quick"):
+        cmd.append(f"--name {m['name']}")
+    return " ".join(cmd)
+
+
+def _cell(r: dict[str, Any] | None, best: bool) -> str:
+    if r is None:
+        return "–"
+    if not r.get("ok"):
+        return "failed"
+    if r["config"] == "none":
+        return f"{r['output_tok_s']:.1f} tok/s"
+    sd = r.get("spec_decode") or {}
+    sp = r.get("speedup")
+    head = "–" if sp is None else (f"**{sp:.2f}×**" if best else f"{sp:.2f}×")
+    tau = f"τ {sd['tau']:.2f}" if sd.get("tau") is not None else "no drafts"
+    tpf = sd.get("tokens_per_forward")
+    if tpf is not None:
+        return f"{head} · {tpf:.2f} ({tau})"
+    g, acc = sd.get("generated_tokens") or r.get("server_generation_tokens"), sd.get("accepted")
+    if g and acc is not None and g > acc:  # every request-step yields 1 + its accepted drafts
+        return f"{head} · ≈{g / (g - acc):.2f} ({tau})"
+    return f"{head} ({tau})"
+
+
+def pivot(result: dict[str, Any]) -> str:
+    """Configurations x (prompt set, concurrency): tok/s for `none`, speedup · tokens per forward (τ) for the rest;
+    the best speedup of each column in bold."""
+    runs = result["runs"]
+    cols = [(ps, c) for ps in result["meta"]["prompt_sets"] for c in result["meta"]["concurrency"]]
+    by = {(r["config"], r["prompt_set"], r["concurrency"]): r for r in runs}
+    best: dict[tuple[str, int], set[str]] = {}
+    for col in cols:  # the best speedup as shown (2 decimals); ties all in bold
+        sps = [(round(r.get("speedup") or 0.0, 2), r["config"]) for r in runs
+               if (r["prompt_set"], r["concurrency"]) == col and r["config"] != "none" and r.get("ok")]
+        top = max((x for x, _ in sps), default=None)
+        best[col] = {name for x, name in sps if x == top}
+    lines = ["| configuration | " + " | ".join(f"{ps} c{c}" for ps, c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for name in result["configs"]:
+        cells = [_cell(by.get((name, ps, c)), name in best[(ps, c)]) for ps, c in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def greedy_summary(result: dict[str, Any]) -> str:
+    ll = result["losslessness"]["per_config"]
+    parts = []
+    for name, v in ll.items():
+        s = f"{name} {v['identical']}/{v['compared']}"
+        if v.get("near_ties"):
+            s += f" (+{v['near_ties']} near-ties, max margin {max(v['margins']):.2f} nats)"
+        if v.get("real"):
+            s += f" (**{v['real']} recorded as real**)"
+        parts.append(s)
+    return "; ".join(parts)
+
+
+def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    m = result["meta"]
+    eng = m["engine"]
+    title = {"bench_merged": "Serving on vLLM's defaults (compiled bf16): none, n-gram, adaptive, merged",
+             "bench_serving": "Serving, eager float32: seven configurations",
+             "bench_adaptive_overlap": "Adaptive drafting with and without overlap scheduling",
+             "bench_serving_quick": "Serving benchmark, quick mode (smoke run)"}.get(stem, f"Serving benchmark {stem}")
+    mode = "eager" if eng.get("enforce_eager", True) else "compiled (torch.compile, vLLM's default)"
+    out = [f"## {title}", ""]
+    out += provenance_block(
+        m["started"], machine(stem, m["machine"]["cpu"]), bench_command(m, list(result["configs"])),
+        f"engine: `vllm serve --dtype {eng['dtype']}`, {mode}, OMP_NUM_THREADS={m['layout']['omp_num_threads']}, "
+        f"max_model_len {eng['max_model_len']}, max_num_seqs {eng['max_num_seqs']}; vllm_dflash "
+        f"{m['versions']['vllm_dflash']}, vLLM {m['versions']['vllm']}, torch {m['versions']['torch']}; "
+        f"load average {m['machine']['loadavg_start'][0]:.1f} at start, {m['machine']['loadavg_end'][0]:.1f} at end; "
+        f"{m['elapsed_s'] / 60:.0f} min")
+    draft = f"`{Path(m['draft']).name}`" + ("" if m["draft_trained"] else " (**UNTRAINED** draft: τ ≈ 1 expected)")
+    out += [f"- workload: draft {draft}, {m['num_speculative_tokens']} drafts per step at most, greedy, up to "
+            f"{m['max_tokens']} tokens, prompts per run = max({m['num_prompts']}, concurrency), a different slice "
+            "of each prompt set per concurrency level; streaming OpenAI chat clients",
+            f"- per-run details (TTFT, TPOT, every output difference): "
+            f"[benchmarks/results/{stem}.md](../benchmarks/results/{stem}.md)", ""]
+    out += ["Cells: output tok/s for `none`; for the others speedup over `none` at the same prompt set and "
+            "concurrency · tokens per target forward, every request-step counted (vLLM's τ, per step that "
+            "verified drafts). Tokens per forward is counted by adaptive drafting; marked ≈ it is derived from "
+            "vLLM's counters as generated / (generated − accepted), since each request-step yields one token plus "
+            "its accepted drafts. Best speedup per column in bold.", "", pivot(result), "",
+            f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}.", ""]
+    ts = render_time_split(result["runs"])
+    if ts:
+        note = ("" if any((r.get("time_split_s") or {}).get("target_forward") for r in result["runs"])
+                else " The target forward was not timed in this run (`DFLASH_PROFILE=1` times it, in eager mode "
+                     "only; runs before it existed have no such figure), so \"host + other\" includes verification.")
+        out += ["Where our drafter's wall time goes (measured in the worker)." + note, "", ts, ""]
+    ad = render_adaptive(result["runs"])
+    if ad:
+        out += ["Adaptive drafting choices (share of request-steps by source; acceptance = accepted / drafted "
+                "tokens):", "", ad, ""]
+    out += ["Acceptance rate by draft position (all concurrency levels):", "", render_acceptance(result["runs"])]
+    return out + hand(notes, stem)
+
+
+# ---- the other result files ---------------------------------------------------------------------------------------
+
+def eval_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    pos = ", ".join(f"{x:.3f}" for x in d["per_position_acceptance"])
+    ng = d.get("ngram") or {}
+    out = ["## Acceptance through vLLM: HumanEval, all 164 prompts", ""]
+    out += provenance_block(git_date(RESULTS / f"{stem}.json") + " (commit date of the JSON)",
+                            machine(stem, "AMD EPYC" if "AMD EPYC" in d.get("machine", "") else None)
+                            + (f"; recorded: {d['machine']}" if d.get("machine") else ""), d["command"])
+    out += [f"- workload: {d['num_prompts']} {d['prompts']} prompts, block {d['block_size']}, diffusion steps "
+            f"{d['diffusion_steps']}, up to {d['max_new_tokens']} new tokens, concurrency {d['concurrency']}, "
+            f"engine {d['engine']}, draft `{Path(d['draft']).name}`", "",
+            "| drafter | τ | per-position acceptance | output tok/s |", "|---|---:|---|---:|",
+            f"| DFlash draft (ours) | {d['acceptance_length']:.2f} | {pos} | {d['tokens_per_s']:.1f} |"]
+    if ng:
+        out.append(f"| vLLM prompt lookup, {ng['num_speculative_tokens']} tokens | {ng['acceptance_length']:.2f} | "
+                   + ", ".join(f"{x:.3f}" for x in ng["per_position_acceptance"]) + f" | {ng['tokens_per_s']:.1f} |")
+    out += ["", f"Draft forward: {d['draft_time_share']:.1%} of the draft run's wall time; {d['num_steps']} verify "
+            f"steps, {d['output_tokens']} output tokens."]
+    return out + hand(notes, stem)
+
+
+def kv_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    m = d["meta"]
+    out = ["## Fused KV injection (csrc/ CPU kernel)", ""]
+    out += provenance_block(git_date(RESULTS / f"{stem}.json") + " (commit date of the JSON)",
+                            machine(stem, m.get("cpu_model")), PROVENANCE[stem]["command"],
+                            f"{m['dtype']}, {m['threads']} thread(s), {m['clock']} clock, torch {m['torch']}, "
+                            f"vLLM {m['vllm']}", NOT_RECORDED)
+    out += ["", "Per shape and number of context tokens T: the fused op (one K/V GEMM for all draft layers, then "
+            "k-norm + RoPE + paged-cache write in one pass) against the unfused PyTorch path and vLLM 0.32's own "
+            "context-K/V precompute; all three end with K/V in the paged caches.", "",
+            "| shape | T | fused ms | unfused PyTorch ms | vLLM 0.32 ms | GEMM alone ms | fused vs unfused "
+            "| fused vs vLLM | GEMM share of fused |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        out.append(f"| {r['shape']} | {r['T']} | {r['fused_ms']:.3f} | {r['unfused_ms']:.3f} | {r['vllm_ms']:.3f} "
+                   f"| {r['gemm_only_ms']:.3f} | {r['speedup_vs_unfused']:.2f}× | {r['speedup_vs_vllm']:.2f}× "
+                   f"| {r['gemm_share_of_fused']:.0%} |")
+    s = d.get("serving")
+    if s:
+        out += ["", f"In the serving path (vLLM with our drafter, draft `{Path(m['serving_draft']).name}`): KV "
+                f"injection per draft step {s['reference']['injection_ms_per_step']:.2f} ms with the PyTorch path "
+                f"({s['reference']['injection_share_of_draft_step']:.0%} of injection + draft forward), "
+                f"{s['fused']['injection_ms_per_step']:.2f} ms fused "
+                f"({s['fused']['injection_share_of_draft_step']:.0%})."]
+    return out + hand(notes, stem)
+
+
+def depth_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    batches = sorted({r["batch"] for r in d["rows"]})
+    layers = sorted({r["layers"] for r in d["rows"]})
+    ms = {(r["layers"], r["batch"]): r["ms"] for r in d["rows"]}
+    cmd = (f"python benchmarks/draft_depth.py --layers {','.join(map(str, layers))} "
+           f"--batches {','.join(map(str, batches))} --context {d['context']} --block {d['block']} "
+           f"--draft-vocab {d['draft_vocab']} --threads {d['threads']} --clock {d['clock']}")
+    out = ["## Draft step cost vs depth", ""]
+    out += provenance_block(git_date(RESULTS / f"{stem}.json") + " (commit date of the JSON)", machine(stem), cmd,
+                            f"SmolLM2 draft shapes, reference (PyTorch) path, {d['dtype']}, context {d['context']} "
+                            "tokens")
+    out += ["", "| layers | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches)]
+    for L in layers:
+        out.append(f"| {L} | " + " | ".join(f"{ms[(L, b)]:.2f} ms ({ms[(L, b)] / ms[(layers[0], b)]:.2f}×)"
+                                             for b in batches) + " |")
+    return out + hand(notes, stem)
+
+
+def train_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    ph = d["phases"]
+    out = ["## Training step cost", ""]
+    out += provenance_block(git_date(RESULTS / f"{stem}.json") + " (commit date of the JSON)", machine(stem),
+                            PROVENANCE[stem]["command"],
+                            f"SmolLM2 target, 1-layer draft, block {d['block_size']}, batch of {d['batch_size']} "
+                            f"sequences = {d['tokens_in_batch']:,} tokens, {d['anchors']} anchors each, "
+                            f"{d['threads']} thread(s)", NOT_RECORDED)
+    names = {"full": "full output layer (49,152 tokens)", "reduced-8192": "reduced draft vocabulary (8,192 tokens)"}
+    out += ["", "| phase | " + " | ".join(names.get(k, k) for k in ph) + " |", "|---|" + "---:|" * len(ph),
+            "| target features (one forward, layers captured) | "
+            + " | ".join(f"{v['target_features_s']:.1f} s" for v in ph.values()) + " |",
+            "| draft forward + backward (features cached) | "
+            + " | ".join(f"{v['draft_step_s']:.1f} s" for v in ph.values()) + " |",
+            "", f"Feature cache: {d['feature_cache_bytes_per_token'] / 1000:.2f} KB per token (bf16)."]
+    return out + hand(notes, stem)
+
+
+def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
+    out = ["## Soak test (serving under load, faults and bad input)", "",
+           "Full figures and method: [docs/RELIABILITY.md](RELIABILITY.md) (generated from the same JSON by "
+           "`python benchmarks/soak.py --render ...`).", "",
+           f"- machine: {machine('soak')}", "",
+           "| file | date | command | draft | clients × rounds | requests | checks passed | greedy identical "
+           "under load | RSS growth, last round |", "|---|---|---|---|---|---:|---|---|---:|"]
+    for f in files:
+        d = json.loads(f.read_text())
+        m = d["meta"]
+        cmd = ["python benchmarks/soak.py"] + (["--quick"] if m["mode"] == "quick" else [])
+        if m["mode"] == "full" and m["rounds"] != 3:
+            cmd.append(f"--rounds {m['rounds']}")
+        if m["mode"] == "full" and m["duration_limit_s"] != 1200.0:
+            cmd.append(f"--duration {m['duration_limit_s']:.0f}")
+        cmd += [f"--server-env {e}" for e in m.get("server_env", [])]
+        greedy = next((c["detail"] for c in d["checks"] if c["name"] == "greedy_identical_under_load"), "–")
+        ok = sum(c["ok"] for c in d["checks"])
+        growth = d["memory"].get("growth_per_round") or []
+        sent = sum(r["sent"] for r in d["rounds"])
+        draft = Path(m["draft"]).name + (" (untrained)" if m.get("draft_untrained") else "")
+        out.append(f"| {f.stem} | {m['started']} | `{' '.join(cmd)}` | {draft} | {m['concurrency']} × {m['rounds']} "
+                   f"| {sent} | {ok}/{len(d['checks'])} | {greedy.split(' greedy')[0]} "
+                   + (f"| {growth[-1]:.2%} |" if growth else "| – |"))
+    return out + hand(notes, "soak")
+
+
+def render() -> str:
+    notes = read_notes()
+    files = {p.stem: p for p in sorted(RESULTS.glob("*.json"))}
+    soak_files = [files.pop(s) for s in sorted(files) if s.startswith("soak")]
+    order = [s for s in ORDER if s in files or s == "soak"] + [s for s in sorted(files) if s not in ORDER]
+    out = ["# Benchmarks", "",
+           "Generated by `python benchmarks/make_docs.py` from the result files in "
+           "[benchmarks/results/](../benchmarks/results/); do not edit by hand. Hand-written readings come from "
+           "[benchmarks/benchmark_notes.md](../benchmarks/benchmark_notes.md) and are marked as such.", ""]
+    if notes.get("intro"):
+        out += [notes["intro"], ""]
+    out += ["Contents:", ""]
+    body: list[str] = []
+    for stem in order:
+        if stem == "soak":
+            sec = soak_section(soak_files, notes) if soak_files else []
+        else:
+            d = json.loads(files[stem].read_text())
+            if "runs" in d and "meta" in d:
+                sec = serving_section(stem, d, notes)
+            elif stem == "eval_humaneval164" or d.get("engine") in ("vllm", "reference"):
+                sec = eval_section(stem, d, notes)
+            elif stem == "kv_injection":
+                sec = kv_section(stem, d, notes)
+            elif stem == "draft_depth":
+                sec = depth_section(stem, d, notes)
+            elif stem == "profile_train_step":
+                sec = train_section(stem, d, notes)
+            else:
+                raise SystemExit(f"make_docs: no renderer for benchmarks/results/{stem}.json. Fix: add one")
+        if sec:
+            title = sec[0][3:]
+            anchor = "".join(ch for ch in title.lower().replace(" ", "-") if ch.isalnum() or ch in "-_")
+            out.append(f"- [{title}](#{anchor})")
+            body += sec + [""]
+    if notes.get("unbacked"):
+        title = "Measurements without a result file (hand-written)"
+        out.append(f"- [{title}](#measurements-without-a-result-file-hand-written)")
+        body += [f"## {title}", "", notes["unbacked"], ""]
+    return "\n".join(out + [""] + body).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if the file on disk differs from the generated one")
+    p.add_argument("--out", default=str(OUT))
+    a = p.parse_args(argv)
+    text = render()
+    out = Path(a.out)
+    if a.check:
+        if not out.is_file() or out.read_text() != text:
+            print(f"{out} is out of date. Fix: python benchmarks/make_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    out.write_text(text)
+    print(f"wrote {out} ({len(text):,} characters)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
