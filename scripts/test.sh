@@ -1,6 +1,20 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): unit tests, the reference loop, and real vLLM (CPU) tests.
+# The test command (README, .ci/run). No arguments: every tier (tests/unit, tests/vllm, tests/e2e), minus `slow`.
+#   bash scripts/test.sh                 # everything (what CI runs)
+#   bash scripts/test.sh --unit          # the fast path: tests/unit (no vLLM anywhere) without the nvcc compile check
+#                                        # (marker `build`, minutes of nvcc); `tests/unit` instead of --unit runs it too
+#   bash scripts/test.sh --vllm | --e2e  # one tier
+#   bash scripts/test.sh -m slow         # other arguments go to pytest as they are
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -q -m "not slow" --durations=30 "$@"
+marks="not slow"
+args=()
+for a in "$@"; do
+  case "$a" in
+    --unit) args+=("tests/unit"); marks="not slow and not build" ;;
+    --vllm|--e2e) args+=("tests/${a#--}") ;;
+    *) args+=("$a") ;;
+  esac
+done
+exec .venv/bin/python -m pytest -q -m "$marks" --durations=30 ${args[@]+"${args[@]}"}

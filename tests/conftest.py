@@ -1,9 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared fixtures: tiny random target/draft pairs built once per session (seconds, no downloads)."""
+"""Shared fixtures for every tier (tests/unit, tests/vllm, tests/e2e): tiny random target/draft pairs built once per
+session (seconds, no downloads), the trained tiny pair in tests/assets. Puts tests/ on sys.path so that every tier
+imports the shared support package as `support` (support.testing, support.vllm_helpers)."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -12,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
-    from vllm_dflash.testing import build_tiny_draft, build_tiny_target
+    from support.testing import build_tiny_draft, build_tiny_target
 
     root = tmp_path_factory.mktemp("tiny")
     build_tiny_target(root / "target")
@@ -23,12 +30,12 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_dir):
-    from vllm_dflash.testing import load_target
+    from support.testing import load_target
 
     return load_target(tiny_dir / "target")
 
 
-ASSETS = Path(__file__).parent / "assets" / "tiny-pair"
+ASSETS = TESTS / "assets" / "tiny-pair"
 
 
 @pytest.fixture(scope="session")

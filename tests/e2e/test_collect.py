@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`vllm-dflash collect` through real vLLM: bad records counted and skipped, resume, Ray sharding, multi-turn
-conversations answered with the target's own replies, the compact part format."""
+conversations answered with the target's own replies, the compact part format on disk. The part format and
+--exclude-collected without vLLM: tests/unit/test_collect_parts.py."""
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vllm_dflash.data.collect import load_records
-from vllm_helpers import BASE_ENV
+from support.vllm_helpers import BASE_ENV
 
 CLI = [str(Path(sys.executable).with_name("vllm-dflash"))]
 
@@ -60,34 +61,3 @@ def test_collect_skips_bad_records_and_resumes(pair, tmp_path):
     sharded = sorted(load_records(tmp_path / "r"), key=key)
     assert [(r["id"], r["prompt_ids"], r["response_ids"]) for r in sharded] == \
            [(r["id"], r["prompt_ids"], r["response_ids"]) for r in single]
-
-
-def test_part_format_round_trip(tmp_path):
-    """The compact part (uint16 ids, uint32 past 65,535) gives back exactly the records written."""
-    from vllm_dflash.data.collect import decode_part, encode_part
-
-    recs = [{"id": "a", "source": "s", "prompt_ids": [1, 2, 65535], "response_ids": [7], "temperature": 0.0,
-             "finish_reason": "stop", "turn": 0},
-            {"id": "b#t1", "source": "s", "prompt_ids": [3], "response_ids": [4, 5, 6], "temperature": 0.7,
-             "finish_reason": "length", "turn": 1}]
-    for extra in ([], [70000]):
-        recs[1]["response_ids"] = [4, 5, 6] + extra
-        (tmp_path / "p.npz").write_bytes(encode_part(recs))
-        assert decode_part(tmp_path / "p.npz") == recs
-
-
-def test_collected_ids_of_other_folders(tmp_path):
-    """--exclude-collected: ids answered (or skipped) in other folders, shards included; a folder without a
-    manifest is named with the fix."""
-    import json
-
-    from vllm_dflash.data.collect import collected_ids
-
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "manifest.json").write_text(json.dumps({"done_ids": ["x", "y"], "skipped_ids": ["z"]}))
-    (tmp_path / "b" / "shard-0").mkdir(parents=True)
-    (tmp_path / "b" / "manifest.json").write_text(json.dumps({"shards": ["shard-0"]}))
-    (tmp_path / "b" / "shard-0" / "manifest.json").write_text(json.dumps({"done_ids": ["w"]}))
-    assert collected_ids([tmp_path / "a", tmp_path / "b"]) == {"x", "y", "z", "w"}
-    with pytest.raises(FileNotFoundError, match="exclude_collected.*Fix"):
-        collected_ids([tmp_path / "missing"])

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm-dflash eval` on a prompt file, with the reference loop and through vLLM (--json output)."""
+"""`vllm-dflash eval` on a prompt file, with the reference loop and through vLLM (--json output). The tokens-per-forward
+arithmetic of a vLLM run: tests/unit/test_eval_tokens_per_forward.py."""
 import json
 import os
 import subprocess
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_helpers import BASE_ENV
+from support.vllm_helpers import BASE_ENV
 
 CLI = [str(Path(sys.executable).with_name("vllm-dflash"))]
 KEYS = {"acceptance_length", "per_position_acceptance", "num_prompts", "speedup", "histogram"}
@@ -48,15 +49,6 @@ def test_eval_vllm_engine(pair, prompts):
     assert 0 < r["draft_time_share"] < 1  # measured from our drafter metrics, not a constant
     # every request-step yields >= 1 token; the prompt-finishing step yields 1 <= τ
     assert 1.0 <= r["tokens_per_forward"] <= r["acceptance_length"] + 1e-9
-
-
-def test_tokens_per_forward_of_a_vllm_run():
-    from vllm_dflash.evaluate_vllm import _tokens_per_forward
-
-    m = {"vllm:spec_decode_num_drafts": 30.0, "vllm:request_success": 3.0, "vllm:generation_tokens": 99.0}
-    assert _tokens_per_forward(m, 0.0) == 3.0  # fixed block: 30 verify steps + 3 prompt-finishing steps
-    assert _tokens_per_forward(m, 45.0) == 2.2  # adaptive drafting counted its request-steps
-    assert _tokens_per_forward({}, 0.0) is None
 
 
 def test_eval_bad_prompt_file(pair, tmp_path):

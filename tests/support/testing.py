@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tiny random models for tests and smoke runs (built in seconds, no hub, no downloads).
+"""Tiny random models for tests and smoke runs (built in seconds, no hub, no downloads). Test support, not part of
+the runtime package: `from support.testing import ...` (tests/ on sys.path; scripts/make_test_assets.py uses it too).
 
 * a byte-level BPE tokenizer with a small vocabulary trained on CPython stdlib text, with ChatML
   specials and a chat template;

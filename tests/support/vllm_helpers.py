@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-RUNNER = Path(__file__).with_name("_vllm_run.py")
+RUNNER = Path(__file__).with_name("vllm_run.py")
 BASE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
             "TOKENIZERS_PARALLELISM": "false"}
 

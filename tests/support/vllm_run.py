@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run offline vLLM generations in one fresh process; print one JSON result line per run.
 
-Usage: python tests/_vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
+Usage: python tests/support/vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
 overrides, llm_kwargs, expect_error (a substring: the LLM build must fail with it). vLLM's import
 costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""

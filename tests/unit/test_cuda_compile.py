@@ -4,7 +4,7 @@
 The CPU torch wheel ships the c10/ATen CUDA headers but not the generated `cuda_cmake_macros.h`; a one-line
 stand-in is written to a temporary include dir for this check only (a CUDA torch has the real one, and
 setup.py builds the extension normally there). Runs the GPU equality test instead when a GPU exists
-(tests/test_kv_injection.py::test_cuda_kernel_equals_reference)."""
+(tests/unit/test_kv_injection.py::test_cuda_kernel_equals_reference)."""
 from __future__ import annotations
 
 import shutil
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
+@pytest.mark.build  # minutes of nvcc on 2 cores: not in the fast path (scripts/test.sh --unit)
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.timeout(600)
 def test_cuda_kernel_compiles_with_nvcc(tmp_path):

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from support.stats import chi2_two_sample_pvalue
 from vllm_dflash import reference as ref_mod
 from vllm_dflash.model import DFlashDraftModel
 from vllm_dflash.reference import ReferenceDecoder, greedy_generate
@@ -91,23 +92,6 @@ def _samples(decoder, n, seed0):
     return c
 
 
-def _chi2_two_sample_pvalue(a: collections.Counter, b: collections.Counter, min_count: int = 10) -> float:
-    pooled = a + b
-    cats = [k for k, v in pooled.items() if v >= min_count]
-    rows = [[x[k] for k in cats] + [sum(x.values()) - sum(x[k] for k in cats)] for x in (a, b)]
-    if rows[0][-1] + rows[1][-1] == 0:
-        rows = [r[:-1] for r in rows]
-    na, nb = sum(rows[0]), sum(rows[1])
-    stat = 0.0
-    for j in range(len(rows[0])):
-        tot = rows[0][j] + rows[1][j]
-        for r, n in ((rows[0], na), (rows[1], nb)):
-            e = tot * n / (na + nb)
-            stat += (r[j] - e) ** 2 / e
-    df = len(rows[0]) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
-
-
 @pytest.fixture(scope="module")
 def sampling_setup(tiny_dir, tiny_target):
     greedy = greedy_generate(tiny_target, PROMPT, 8)
@@ -122,7 +106,7 @@ def sampling_setup(tiny_dir, tiny_target):
 def test_sampling_keeps_target_distribution(sampling_setup):
     baseline, spec = sampling_setup
     got = _samples(spec, N_SAMPLES, 10_000)
-    p = _chi2_two_sample_pvalue(baseline, got)
+    p = chi2_two_sample_pvalue(baseline, got)
     assert p > 1e-3, f"speculative sampling changed the output distribution (p={p:.2e})"
 
 
@@ -135,4 +119,4 @@ def test_sampling_test_detects_a_wrong_verifier(sampling_setup, monkeypatch):
 
     monkeypatch.setattr(ref_mod, "sample_verify", accept_all)
     got = _samples(spec, N_SAMPLES, 10_000)
-    assert _chi2_two_sample_pvalue(baseline, got) < 1e-3
+    assert chi2_two_sample_pvalue(baseline, got) < 1e-3

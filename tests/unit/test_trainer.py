@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vllm_dflash.model import DFlashDraftModel
-from vllm_dflash.testing import load_target, tiny_trajectories
+from support.testing import load_target, tiny_trajectories
 from vllm_dflash.training.data import Sequence_, TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors
 from vllm_dflash.training.trainer import BlockDiffusionTrainer
 

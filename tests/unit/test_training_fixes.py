@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_dflash.model import DFlashDraftModel
-from vllm_dflash.testing import load_target, tiny_trajectories
+from support.testing import load_target, tiny_trajectories
 from vllm_dflash.training.data import Sequence_, TrajectoryDataset, heldout_hash
 from vllm_dflash.training.run import KNOWN_MASK_TOKEN_IDS, default_mask_token_id, frequent_vocab
 from vllm_dflash.training.trainer import BlockDiffusionTrainer, TargetFeatures

@@ -1,4 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
+"""Our speculative-config keys: popped from the speculative config and validated, never published as env vars
+(they travel in vLLM's additional_config: tests/unit/test_settings.py, tests/vllm/test_settings_vllm.py)."""
 import os
 
 import pytest
@@ -7,35 +9,12 @@ from vllm_dflash.config import DFlashConfigError
 from vllm_dflash.integration import validation as v
 
 
-def test_plugin_keys_do_not_leak_between_configs(monkeypatch):
-    monkeypatch.setitem(v._USER_ENV, "VLLM_DFLASH_DIFFUSION_STEPS", None)
+def test_plugin_keys_are_popped_and_not_published():
+    before = dict(os.environ)
     spec = {"method": "dflash", "model": "d", "diffusion_steps": 2}
     assert v.pop_plugin_keys(spec) == {"diffusion_steps": 2} and "diffusion_steps" not in spec
-    assert os.environ["VLLM_DFLASH_DIFFUSION_STEPS"] == "2"
     v.pop_plugin_keys({"method": "dflash", "model": "d"})  # a later LLM(...) without the key
-    assert "VLLM_DFLASH_DIFFUSION_STEPS" not in os.environ
-    monkeypatch.setitem(v._USER_ENV, "VLLM_DFLASH_DIFFUSION_STEPS", "3")  # the user's own env var wins then
-    v.pop_plugin_keys({"method": "dflash", "model": "d"})
-    assert os.environ.pop("VLLM_DFLASH_DIFFUSION_STEPS") == "3"
-
-
-def test_adaptive_is_the_default(monkeypatch):
-    """A config without `adaptive` gets adaptive drafting (measured never slower than the fixed block); an explicit
-    false gives the fixed block; the user's own environment variable still wins over the default."""
-    monkeypatch.setitem(v._USER_ENV, "VLLM_DFLASH_ADAPTIVE", None)
-    v.pop_plugin_keys({"method": "dflash", "model": "d"})
-    assert os.environ["VLLM_DFLASH_ADAPTIVE"] == "true"
-    v.pop_plugin_keys({"method": "dflash", "model": "d", "adaptive": False})
-    assert os.environ["VLLM_DFLASH_ADAPTIVE"] == "false"
-    monkeypatch.setitem(v._USER_ENV, "VLLM_DFLASH_ADAPTIVE", "dflash")
-    v.pop_plugin_keys({"method": "dflash", "model": "d"})
-    assert os.environ.pop("VLLM_DFLASH_ADAPTIVE") == "dflash"
-    from vllm_dflash.integration.proposer import adaptive_mode
-
-    monkeypatch.setenv("VLLM_DFLASH_ADAPTIVE", "true")
-    assert adaptive_mode() == "both"
-    monkeypatch.setenv("VLLM_DFLASH_ADAPTIVE", "false")
-    assert adaptive_mode() is None
+    assert dict(os.environ) == before
 
 
 @pytest.mark.parametrize("key, value", [("diffusion_steps", 0), ("diffusion_steps", 1.5), ("diffusion_steps", True),

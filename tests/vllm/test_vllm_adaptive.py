@@ -6,7 +6,7 @@ tokens first, the DFlash block after them) is checked in float32, where greedy i
 import pytest
 import torch
 
-from vllm_helpers import counter, run_vllm
+from support.vllm_helpers import counter, run_vllm
 
 pytestmark = pytest.mark.vllm
 

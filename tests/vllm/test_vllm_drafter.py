@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Our drafter inside real vLLM (CPU, V1 runner): lossless greedy output, drafts really accepted,
 diffusion steps, stops inside accepted blocks, max_model_len mid-block, upstream drafter selectable."""
+import re
+
 import pytest
 import torch
 
-from vllm_helpers import counter, run_vllm
+from support.vllm_helpers import counter, run_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -72,18 +74,39 @@ def test_max_model_len_mid_block(results):
     assert all(len(p) + len(t) <= 50 for p, t in zip(PROMPTS, results["b8_short_len"]["tokens"]))
 
 
+ACTIVE = re.compile(r"vllm_dflash: our DFlash drafter is active \(draft [^;]*; block size (\d+), (\d+) draft "
+                    r"tokens/step, diffusion steps (\d+),")
+
+
+def _collapse(seq: list) -> list:
+    """Consecutive repeats merged: how many times one engine logs its line does not matter."""
+    return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
+
+
 def test_our_drafter_is_active_and_logged(results):
-    log = results["b8"]["log"]
-    assert "vllm_dflash: our DFlash drafter is active" in log
-    # exactly the two runs configured with diffusion_steps=2 use it (the key must not leak into later LLMs)
-    assert log.count("diffusion steps 2,") == 2 and log.count("diffusion steps 1,") == 7
+    """Every engine built with our drafter logs the configuration it runs, in run order, and it is the one its run
+    asked for: only the two runs configured with diffusion_steps=2 use 2 steps (the key must not leak into the LLMs
+    built after them), and upstream_b8 runs vLLM's built-in drafter (no line of ours)."""
+    log = results["b8"]["log"]  # the whole process's log: every run of the fixture, in order
+    logged = [tuple(int(x) for x in m) for m in ACTIVE.findall(log)]  # (block size, draft tokens/step, steps)
+    # our engines in the fixture's order: b4, b8, b16, b8_steps2, b16_steps2, b8_no_overlap, b8_k3, b8_single,
+    # b8_short_len (base* run no drafter, upstream_b8 runs vLLM's)
+    expected = [(4, 3, 1), (8, 7, 1), (16, 15, 1), (8, 7, 2), (16, 15, 2), (8, 7, 1), (8, 3, 1), (8, 7, 1), (8, 7, 1)]
+    assert _collapse(logged) == _collapse(expected), logged
     assert "using vLLM's built-in DFlash drafter" in log
 
 
 def test_acceptance_is_real(results):
-    """Per-position acceptance decreases with position and mean acceptance length is well above 1."""
+    """Per-position acceptance (block 8, 7 draft tokens) never increases with position (a position counts only when
+    every position before it was accepted too) and falls from the first to the last position (some drafts are
+    accepted in part, not all or nothing: the reference loop on these prompts accepts the first position in ~47% of
+    steps and the last in ~36%); mean acceptance length is well above 1."""
     r = results["b8"]
     drafts, acc = counter(r, "vllm:spec_decode_num_drafts"), counter(r, "vllm:spec_decode_num_accepted_tokens")
+    per_pos = r["metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"]  # accepted drafts per position
+    assert len(per_pos) == 7 and sum(per_pos) == acc, per_pos
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos
+    assert per_pos[0] > per_pos[-1], per_pos
     assert 1 + acc / drafts > 1.5
 
 

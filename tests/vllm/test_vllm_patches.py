@@ -6,7 +6,7 @@ starts failing, vLLM fixed the bug and the ledger's removal condition is met."""
 import pytest
 import torch
 
-from vllm_helpers import run_vllm
+from support.vllm_helpers import run_vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,7 @@ zeroing the draft's KV cache before the warm pass (stale draft K/V in the kept b
 import pytest
 import torch
 
-from vllm_helpers import run_vllm
+from support.vllm_helpers import run_vllm
 
 pytestmark = pytest.mark.vllm
 

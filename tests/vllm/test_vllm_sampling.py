@@ -7,8 +7,8 @@ import collections
 import pytest
 import torch
 
-from test_reference import _chi2_two_sample_pvalue
-from vllm_helpers import counter, run_vllm
+from support.stats import chi2_two_sample_pvalue
+from support.vllm_helpers import counter, run_vllm
 
 pytestmark = pytest.mark.vllm
 N = 800
@@ -46,6 +46,6 @@ def test_sampling_distribution(pair):
     b, o, l = _dist(base), _dist(ours), _dist(lossy)
     assert sum(v >= 10 for v in b.values()) >= 3, f"distribution too peaked to test: {b.most_common(5)}"
     assert counter(ours, "vllm:spec_decode_num_accepted_tokens") > 0
-    p = _chi2_two_sample_pvalue(b, o)
+    p = chi2_two_sample_pvalue(b, o)
     assert p > 1e-3, f"our drafter changed the sampling distribution (p={p:.2e})"
-    assert _chi2_two_sample_pvalue(b, l) < 1e-3, "negative control: lossy acceptance was not detected"
+    assert chi2_two_sample_pvalue(b, l) < 1e-3, "negative control: lossy acceptance was not detected"

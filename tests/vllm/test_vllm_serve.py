@@ -10,7 +10,7 @@ import time
 import pytest
 
 from vllm_dflash.serving import Server
-from vllm_helpers import run_vllm
+from support.vllm_helpers import run_vllm
 
 pytestmark = pytest.mark.vllm
 PROMPTS = ["def parse_args(argv):\n    ", "import os\nimport sys\n\nclass Config:", "for i in range(10):\n    print("]

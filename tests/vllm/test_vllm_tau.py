@@ -6,8 +6,8 @@ import torch
 
 from vllm_dflash.model import DFlashDraftModel
 from vllm_dflash.reference import DecodeStats, ReferenceDecoder
-from vllm_dflash.testing import load_target
-from vllm_helpers import counter, run_vllm
+from support.testing import load_target
+from support.vllm_helpers import counter, run_vllm
 
 pytestmark = pytest.mark.vllm
 g = torch.Generator().manual_seed(99)

@@ -3,7 +3,7 @@
 and runs, with greedy output identical to vLLM without speculation."""
 import pytest
 
-from vllm_helpers import counter, run_vllm
+from support.vllm_helpers import counter, run_vllm
 
 pytestmark = pytest.mark.vllm
 PROMPTS = [list(range(5, 25)), list(range(30, 41)), list(range(100, 140))]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm_helpers import run_vllm
+from support.vllm_helpers import run_vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -1,0 +1,341 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor parallelism (TP=2) on CPU: greedy output with DFlash speculation equals the TP=1 output without it.
+
+Needs a tiny pair whose head counts divide by 2 (4 q / 2 kv heads; SmolLM2's 9 q / 3 kv cannot run TP=2):
+scripts/make_tp_pair.py builds it (~1 min) into $DFLASH_TEST_TP_PAIR (default /tmp/tp-pair) once per machine.
+
+Every engine runs in its own subprocess (this file is also the runner: `python tests/vllm/test_tp.py RUN.json`):
+a TP engine spawns two worker processes, each bound to one core (VLLM_CPU_OMP_THREADS_BIND="0|1"; vLLM's
+"auto" binding asserts one NUMA node per rank). Each TP=2 engine costs ~1-3 min on 2 busy cores, so the file
+is marked slow (CI's `-m "not slow"` skips it). See dev/TP_DESIGN.md for what is covered and what is not yet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = Path(os.environ.get("DFLASH_TEST_TP_PAIR", "/tmp/tp-pair"))
+BASE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def prompts(n: int = 4, length: int = 12, seed: int = 0, vocab: int = 384) -> list[list[int]]:
+    """Random token-id prompts, the distribution the tiny draft was trained on (vllm_dflash.testing)."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(4, vocab) for _ in range(length)] for _ in range(n)]
+
+
+# Rank-divergence fault injection, loaded by every process of a run (engine, mp workers) through a
+# sitecustomize.py on PYTHONPATH: on TP rank DFLASH_TEST_DIVERGE_RANK the synchronous adaptive plan is
+# overridden to "no speculation", as if that rank's wall-clock guard had measured differently. Without
+# rank-consistent decisions, that rank skips the draft forward (and its collectives) that rank 0 runs.
+DIVERGE_SITECUSTOMIZE = r"""
+import importlib.abc, importlib.util, os, sys
+
+_TARGET = "vllm_dflash.adaptive.controller"
+
+
+def _patch(module):
+    orig = module.AdaptiveController.plan
+
+    def plan(self, *args, **kwargs):
+        p = orig(self, *args, **kwargs)
+        import torch.distributed as dist
+        if dist.is_initialized() and dist.get_rank() == int(os.environ["DFLASH_TEST_DIVERGE_RANK"]):
+            p.sources = ["none"] * len(p.sources)
+            p.ks = [0] * len(p.ks)
+        return p
+
+    module.AdaptiveController.plan = plan
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+if os.environ.get("DFLASH_TEST_DIVERGE_RANK"):
+    sys.meta_path.insert(0, _Hook())
+"""
+
+
+def diverge_env(tmp_dir: Path, rank: int = 1) -> dict:
+    """process_env for a run whose TP rank `rank` makes different adaptive decisions than rank 0."""
+    (tmp_dir / "sitecustomize.py").write_text(DIVERGE_SITECUSTOMIZE)
+    path = os.pathsep.join(p for p in (str(tmp_dir), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "DFLASH_TEST_DIVERGE_RANK": str(rank)}
+
+
+# --------------------------------------------------------------------------- runner (subprocess side)
+def _omp_probe(worker=None) -> dict:
+    """Runs in each worker process (collective_rpc): the OpenMP binding the rank actually got."""
+    import torch
+
+    keys = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+    return {"pid": os.getpid(), "env": {k: os.environ.get(k) for k in keys}, "affinity": sorted(os.sched_getaffinity(0)),
+            "torch_threads": torch.get_num_threads(), "libgomp_preloaded": "libgomp" in os.environ.get("LD_PRELOAD", "")}
+
+
+def _run_one(spec: dict) -> tuple[dict, object]:
+    os.environ.update(spec.get("env", {}))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = dict(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=512,
+                  kv_cache_memory_bytes=64 << 20, seed=0, max_num_seqs=8, disable_log_stats=False,
+                  tensor_parallel_size=spec.get("tp", 1))
+    if spec.get("backend"):
+        kwargs["distributed_executor_backend"] = spec["backend"]
+    if spec.get("speculative_config"):
+        kwargs["speculative_config"] = dict(spec["speculative_config"])
+    kwargs.update(spec.get("llm_kwargs", {}))
+    if spec.get("ray_init"):  # start Ray first (as a user with a running cluster would), without the dashboard
+        import ray
+
+        ray.init(include_dashboard=False)
+    t0 = time.perf_counter()
+    if spec.get("expect_error"):
+        try:
+            LLM(**kwargs)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            import traceback
+
+            return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}, None
+        return {"error": None}, None
+    llm = LLM(**kwargs)
+    t_init = time.perf_counter() - t0
+    sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 48), ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], sp, use_tqdm=False)
+    t_gen = time.perf_counter() - t0
+    counters = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                      "vllm:spec_decode_num_accepted_tokens"):
+            counters[m.name.split(":")[1]] = float(getattr(m, "value", 0) or 0)
+    cfg = llm.llm_engine.vllm_config
+    res = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "counters": counters,
+           "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+           "executor": str(cfg.parallel_config.distributed_executor_backend), "init_s": t_init, "gen_s": t_gen}
+    try:  # our metrics: one snapshot per process that wrote any (rank 0 only is the goal)
+        from vllm_dflash import metrics as dm
+
+        time.sleep(2 * dm.FLUSH_INTERVAL_S)  # deferred flushes land
+        snaps = dm.read_snapshots()
+        res["metric_snapshots"] = [{"draft_steps": sn.get("counters", {}).get("draft_steps", 0.0),
+                                    "draft_forward_count": sn.get("hists", {}).get("draft_forward_seconds", {})
+                                    .get("count", 0)} for sn in snaps]
+        res["metrics_merged_draft_steps"] = dm.merged(snaps)["counters"].get("draft_steps", 0.0)
+    except Exception as e:  # noqa: BLE001 - the module is being reorganised; report, don't fail the run
+        res["metric_snapshots_error"] = repr(e)
+    try:  # in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0): the executor is reachable
+        executor = llm.llm_engine.engine_core.engine_core.model_executor
+        res["executor_class"] = type(executor).__name__
+        res["omp_bindings"] = executor.collective_rpc(_omp_probe, timeout=60)
+    except Exception as e:  # noqa: BLE001 - diagnostics only
+        res["omp_bindings_error"] = repr(e)
+    return res, llm
+
+
+def _main() -> None:
+    import threading
+
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    res, llm = _run_one(spec)
+    print("RESULT " + json.dumps(res), flush=True)
+    if llm is None:
+        os._exit(0)
+    # shut the engine down so workers/actors unlink their shared memory (/dev/shm leaks after a SIGKILL); a
+    # watchdog exits if teardown hangs (the test side then kills the session)
+    threading.Timer(120, lambda: os._exit(0)).start()
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as e:  # noqa: BLE001 - the result is already out
+        print(f"shutdown error: {e!r}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown (atexit hooks of Ray/vLLM can block)
+
+
+# --------------------------------------------------------------------------- test side
+def run(spec: dict, timeout: int = 900) -> dict:
+    """Run one engine in a fresh subprocess (its own session: a timeout or leak kills its TP workers too);
+    return its result (+ "log"). Output goes to a file, not a pipe: leaked workers holding a pipe would block."""
+    env = {**os.environ, **BASE_ENV, **spec.pop("process_env", {})}
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    with tempfile.TemporaryFile("w+") as logf:
+        proc = subprocess.Popen([sys.executable, __file__, f.name], env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            os.unlink(f.name)
+            for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 0)):  # workers left in the session
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    break
+                time.sleep(grace)
+            proc.wait()
+        logf.seek(0)
+        log = logf.read()
+    _remove_leaked_tp_shm(shm_before)
+    if timed_out:
+        raise AssertionError(f"vLLM run timed out after {timeout} s (hang?):\n{log[-8000:]}")
+    lines = [l for l in log.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+        raise AssertionError(f"vLLM run failed (rc={proc.returncode}):\n{log[-8000:]}")
+    res = json.loads(lines[-1][len("RESULT "):])
+    res["log"] = log
+    return res
+
+
+def _remove_leaked_tp_shm(before: set[str]) -> None:
+    """vLLM's CPU TP communicator leaves its /dev/shm segments (`<ident>-tp:0-[0-1]-cpushm_<rank>`, 4 MiB each)
+    behind even after a clean shutdown; remove the ones this run created that no live process maps."""
+    if not os.path.isdir("/dev/shm"):
+        return
+    new = [n for n in set(os.listdir("/dev/shm")) - before if "cpushm" in n]
+    if not new:
+        return
+    mapped = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                mapped.update(n for n in new if n in fh.read())
+        except OSError:
+            continue
+    for n in new:
+        if n not in mapped:
+            try:
+                os.unlink(os.path.join("/dev/shm", n))
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    _main()
+else:
+    import pytest
+
+    pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+    @pytest.fixture(scope="module")
+    def tp_pair() -> Path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from make_tp_pair import build_tp_pair
+
+        build_tp_pair(PAIR)
+        return PAIR
+
+    @pytest.fixture(scope="module")
+    def reference(tp_pair) -> dict:
+        """TP=1 without speculation: the output every other configuration must reproduce token for token."""
+        return run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 1})
+
+    def _spec(pair: Path, **extra) -> dict:
+        return {"method": "dflash", "model": str(pair / "draft"), "num_speculative_tokens": 7, **extra}
+
+    def _check_lossless(res: dict, reference: dict, speculative: bool = True) -> None:
+        assert res["tokens"] == reference["tokens"], "greedy output differs from TP=1 without speculation"
+        if speculative:
+            assert res["counters"].get("spec_decode_num_draft_tokens", 0) > 0, "no drafts were verified"
+            assert res["counters"].get("spec_decode_num_accepted_tokens", 0) > 0, "nothing accepted: draft broken"
+
+    def test_tp2_no_spec_equals_tp1(tp_pair, reference):
+        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2})
+        _check_lossless(res, reference, speculative=False)
+
+    def test_tp2_vllm_drafter_lossless(tp_pair, reference):
+        """vLLM's own DFlash drafter at TP=2 (heads sharded, vocab-parallel embedding / lm_head): lossless."""
+        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
+                   "speculative_config": _spec(tp_pair), "process_env": {"DFLASH_DRAFTER": "vllm"}})
+        _check_lossless(res, reference)
+
+    @pytest.mark.parametrize("overlap", ["1", "0"])
+    def test_tp2_ours_fixed_block_lossless(tp_pair, reference, overlap):
+        """Our drafter, fixed block, TP=2, with and without overlap scheduling: TP=1 no-spec output, and the same
+        acceptance as at TP=1 (the draft sees the same target features; only reduction order differs)."""
+        spec = _spec(tp_pair, adaptive=False)
+        env = {"DFLASH_OVERLAP": overlap}
+        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2, "speculative_config": spec,
+                   "process_env": env})
+        _check_lossless(res, reference)
+        assert res["async_scheduling"] is (overlap == "1")
+        tp1 = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 1, "speculative_config": spec,
+                   "process_env": env})
+        a2, a1 = (r["counters"]["spec_decode_num_accepted_tokens"] for r in (res, tp1))
+        assert abs(a2 - a1) <= 0.05 * a1, f"acceptance TP=2 {a2} vs TP=1 {a1}"
+        assert "'fused'" in res["log"], "our fused KV injection did not run at TP=2"
+
+    @pytest.mark.xfail(reason="adaptive drafting decides on each rank from its own wall clock; ranks diverge and "
+                              "one waits in a collective the other never enters (dev/TP_DESIGN.md, item 1b)",
+                       strict=False)
+    def test_tp2_ours_adaptive_lossless(tp_pair, reference):
+        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
+                   "speculative_config": _spec(tp_pair, adaptive=True)}, timeout=420)
+        _check_lossless(res, reference)
+
+    @pytest.mark.xfail(reason="rank-consistent adaptive decisions not implemented yet (dev/TP_DESIGN.md, item 1b)",
+                       strict=True)
+    def test_tp2_rank_divergence_finishes(tp_pair, reference, tmp_path):
+        """Fault injection: TP rank 1's adaptive plan says 'no speculation' whatever rank 0 decides (injected inside
+        AdaptiveController.plan). Once rank 0's plan is broadcast and adopted by every rank after plan() (design
+        item 1b), the run finishes with the reference output; today it hangs (rank 0 waits in the draft forward's
+        all-reduce, rank 1 in the next step's queue) and the runner kills it at the timeout."""
+        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
+                   "speculative_config": _spec(tp_pair, adaptive=True), "process_env": diverge_env(tmp_path)},
+                  timeout=420)
+        _check_lossless(res, reference)
+
+    RAY_CPU_EXECUTOR = "vllm_dflash.integration.ray_cpu_executor.RayCpuExecutor"
+    # the raylet aborts (WaitForDashboardAgentPorts) when its agent needs > 30 s to start on a loaded small host
+    RAY_ENV = {"RAY_agent_register_timeout_ms": "300000"}
+
+    def test_ray_cpu_executor_tp2_equals_mp(tp_pair, reference):
+        """PROTOTYPE executor (not wired: selected by qualname). Ray TP=2 with our drafter (fixed block, overlap on):
+        the TP=1 reference output, the same drafts/acceptance as the mp executor at TP=2, and each rank bound to
+        its own core as VLLM_CPU_OMP_THREADS_BIND="0|1" says. ~6-10 min on 2 busy cores (Ray start-up included)."""
+        pytest.importorskip("ray")
+        spec = _spec(tp_pair, adaptive=False)
+        ray_res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2, "backend": RAY_CPU_EXECUTOR,
+                       "speculative_config": spec, "process_env": dict(RAY_ENV)}, timeout=1200)
+        _check_lossless(ray_res, reference)
+        assert ray_res["executor_class"] == "RayCpuExecutor"
+        assert ray_res["async_scheduling"] is True
+        bind = ray_res["omp_bindings"]
+        assert [b["affinity"] for b in bind] == [[0], [1]], bind
+        assert all(b["torch_threads"] == 1 for b in bind), bind
+        mp_res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2, "speculative_config": spec})
+        assert ray_res["tokens"] == mp_res["tokens"]
+        assert ray_res["counters"] == mp_res["counters"], "Ray and mp executors must verify the same drafts"
