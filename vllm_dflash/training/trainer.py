@@ -129,12 +129,11 @@ class TargetFeatures:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 hs = body(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
             feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # layer l's OUTPUT
-            if not self.cache_dir and len(todo) == len(seqs):  # nothing to store: stay on the device
+            if not self.cache_dir:  # nothing to store (every sequence was computed): stay on the device
                 return (feats * att.to(device)[..., None]).to(dtype)  # zero-padded like the cached path
             for j, i in enumerate(todo):
-                out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16 if self.cache_dir else dtype).cpu()
-                if self.cache_dir:
-                    torch.save(out[i].clone(), self.cache_file(seqs[i]))
+                out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16).cpu()
+                torch.save(out[i].clone(), self.cache_file(seqs[i]))
         full = torch.zeros(len(seqs), S, out[0].shape[-1], dtype=dtype)
         for i, f in enumerate(out):
             full[i, : f.shape[0]] = f.to(dtype)
