@@ -193,11 +193,13 @@ def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, s
         reqs.append(Req("sampled", endpoint, stream, body, source=p["source"], stop=stop))
     for _ in range(sizes.disconnects):
         p = rng.choice(prompts)
-        endpoint, body = _body(p, 512, True, temperature=round(rng.uniform(0.0, 1.0), 2))
+        # ignore_eos: the request cannot finish before the client leaves (an early EOS raced the disconnect: the
+        # server completed the request, logged no abort, and the accounting called it lost)
+        endpoint, body = _body(p, 512, True, temperature=round(rng.uniform(0.0, 1.0), 2), ignore_eos=True)
         reqs.append(Req("disconnect", endpoint, True, body, source=p["source"], disconnect_after=rng.randint(1, 4)))
     for _ in range(sizes.timeouts):
         p = rng.choice(prompts)
-        endpoint, body = _body(p, 1024, False, temperature=0.0)
+        endpoint, body = _body(p, 1024, False, temperature=0.0, ignore_eos=True)  # cannot finish within the timeout
         reqs.append(Req("timeout", endpoint, False, body, source=p["source"],
                         client_timeout=round(rng.uniform(*sizes.timeout_s), 1)))
     for _ in range(sizes.malformed_repeats):

@@ -100,7 +100,8 @@ def account(outcomes: list[dict[str, Any]], log: dict[str, set[str]], prefix: st
     return {
         "added": len(added),
         "aborted": len(added & aborted),
-        "client_aborts_not_aborted_by_server": sorted(client_aborts - aborted),
+        # a client abort the engine never received (given up while the server was still parsing it) is not lost
+        "client_aborts_not_aborted_by_server": sorted((client_aborts & added) - aborted),
         "completed_but_aborted_by_server": sorted(completed & aborted),
         "completed_not_seen_by_engine": sorted(completed - added),
         "added_unaccounted": sorted(added - completed - aborted),

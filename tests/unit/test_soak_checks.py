@@ -114,6 +114,33 @@ def test_server_log_parsing():
     assert log == {"added": {"soak-r1-00003"}, "aborted": {"soak-r2-00010", "soak-r2-00011"}}
 
 
+def test_accounting_of_client_aborts():
+    """A client abort the engine received must be aborted by the server (else it is lost); one that never reached the
+    engine (the client gave up first) is not lost; a completed request the server also aborted is."""
+    outs = [_outcome("soak-r1-00000", kind="timeout", status="timed_out"),
+            _outcome("soak-r1-00001", kind="disconnect", status="disconnected"),
+            _outcome("soak-r1-00002", kind="timeout", status="timed_out"),
+            _outcome("soak-r1-00003")]
+    log = {"added": {"soak-r1-00000", "soak-r1-00001", "soak-r1-00003"}, "aborted": {"soak-r1-00000", "soak-r1-00003"}}
+    acc = soak_report.account(outs, log, "soak-r1")
+    assert acc["client_aborts_not_aborted_by_server"] == ["soak-r1-00001"]  # received, never aborted: lost
+    assert acc["added_unaccounted"] == ["soak-r1-00001"]
+    assert acc["completed_but_aborted_by_server"] == ["soak-r1-00003"]
+    assert "soak-r1-00002" not in str(acc)  # never reached the engine: nothing to account for
+
+
+def test_planned_aborts_cannot_finish_first():
+    """Disconnect and timeout requests ignore EOS, so an early EOS cannot race the client's abort (a request the
+    server completed logs no abort and would be counted as lost)."""
+    import random
+
+    from soak_plan import QUICK, build_round, load_prompts
+
+    reqs = build_round(load_prompts(QUICK.max_prompt_chars), [], QUICK, 0, "x" * 100)
+    aborts = [r for r in reqs if r.kind in ("disconnect", "timeout")]
+    assert aborts and all(r.body.get("ignore_eos") is True for r in aborts)
+
+
 def test_plan_is_seeded_and_complete():
     import random
 
