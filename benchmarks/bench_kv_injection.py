@@ -141,7 +141,7 @@ def serving_share(target: str, draft: str, num_prompts: int, max_tokens: int) ->
     from vllm import LLM, SamplingParams
 
     from vllm_dflash.data.prompts import humaneval_prompts
-    from vllm_dflash.metrics import MetricsSink
+    from vllm_dflash.serve.metrics import MetricsSink
 
     llm = LLM(model=target, speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": 7,
                                                         "adaptive": False},
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     result = {"meta": meta, "rows": rows}
     md = table(rows)
     if a.serving:
-        from vllm_dflash.demo import ensure_draft
+        from vllm_dflash.drafts import ensure_draft
         from vllm_dflash.target import resolve_target
 
         target = resolve_target(None)

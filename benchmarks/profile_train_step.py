@@ -40,8 +40,8 @@ def main() -> None:
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.model import DFlashDraftModel
     from vllm_dflash.target import prepare_target
-    from vllm_dflash.training.data import TrajectoryDataset
-    from vllm_dflash.training.trainer import BlockDiffusionTrainer
+    from vllm_dflash.train.data import TrajectoryDataset
+    from vllm_dflash.train.trainer import BlockDiffusionTrainer
 
     tgt = AutoModelForCausalLM.from_pretrained(str(prepare_target()), dtype=torch.float32).eval()
     ds = TrajectoryDataset.from_dir(a.data, max_len=640)

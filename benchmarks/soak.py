@@ -56,7 +56,7 @@ def log(msg: str) -> None:
 
 def resolve_models() -> tuple[Path, Path, bool]:
     """The demo's target and draft (the trained draft if present, else the demo's untrained one)."""
-    from vllm_dflash.demo import BUNDLED_DRAFT_NAME, ensure_draft
+    from vllm_dflash.drafts import BUNDLED_DRAFT_NAME, ensure_draft
     from vllm_dflash.target import default_target_dir, is_prepared, prepare_target
 
     target = default_target_dir() if is_prepared(default_target_dir()) else prepare_target()
@@ -152,7 +152,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from vllm_dflash.exactness import near_tie_nats
-    from vllm_dflash.serving import Server
+    from vllm_dflash.serve.server import Server
     from vllm_dflash.utils import cpu_kind
 
     t0 = time.time()

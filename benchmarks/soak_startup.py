@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.serving import vllm_executable
+from vllm_dflash.serve.server import vllm_executable
 
 REPO = Path(__file__).resolve().parent.parent
 OTHER_TARGET_DRAFT = REPO / "tests" / "assets" / "tiny-pair" / "draft-b8"

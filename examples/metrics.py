@@ -1,14 +1,16 @@
 """Read a running server's metrics: python examples/metrics.py [http://127.0.0.1:8000]"""
 import sys
 
-from vllm_dflash.serving import acceptance_length, parse_metrics
+from vllm_dflash.serve.tau import parse_metrics, spec_decode
 
 if __name__ == "__main__":
     import urllib.request
 
     url = (sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000") + "/metrics"
     m = parse_metrics(urllib.request.urlopen(url).read().decode())
-    print(f"mean acceptance length τ: {acceptance_length(m)}")
+    sd = spec_decode(m)
+    print(f"vLLM's τ (per proposing step): {sd['tau']}; tokens per target forward: {sd['tokens_per_forward']} "
+          f"(adaptive drafting counts request-steps; at concurrency 1 also {sd['tokens_per_engine_step']} per engine step)")
     for name in ("draft_forward_seconds", "kv_injection_seconds", "accepted_tokens_per_step"):
         s, c = m.get(f"vllm_dflash:{name}_sum", 0.0), m.get(f"vllm_dflash:{name}_count", 0.0)
         print(f"vllm_dflash:{name}: mean {s / c if c else float('nan'):.4g} over {int(c)} observations")

@@ -6,7 +6,7 @@ if __name__ == "__main__":  # vLLM spawns processes on CPU: keep the guard
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    from vllm_dflash.demo import ensure_draft
+    from vllm_dflash.drafts import ensure_draft
     from vllm_dflash.target import prepare_target
     from vllm_dflash.utils import default_dtype
 

@@ -12,8 +12,8 @@ import torch
 
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.model import DFlashDraftModel
-from vllm_dflash.training.data import TrajectoryDataset
-from vllm_dflash.training.trainer import BlockDiffusionTrainer
+from vllm_dflash.train.data import TrajectoryDataset
+from vllm_dflash.train.trainer import BlockDiffusionTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tiny-model builders are test support
 from support.testing import build_tiny_draft, build_tiny_target, load_target, tiny_trajectories  # noqa: E402

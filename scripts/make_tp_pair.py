@@ -29,8 +29,8 @@ def build_tp_pair(out: Path, *, heads: int = 4, kv_heads: int = 2, block_size: i
     """target/ + draft/ under `out`; returns the held-out report. Skips work when out/DONE exists."""
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.model import DFlashDraftModel
-    from vllm_dflash.training.data import TrajectoryDataset
-    from vllm_dflash.training.trainer import BlockDiffusionTrainer
+    from vllm_dflash.train.data import TrajectoryDataset
+    from vllm_dflash.train.trainer import BlockDiffusionTrainer
 
     out = Path(out)
     if (out / "DONE").exists():

@@ -29,9 +29,9 @@ _LAZY = {
     "DFlashDraftModel": "vllm_dflash.model",
     "ReferenceDecoder": "vllm_dflash.reference",
     "SamplingParams": "vllm_dflash.sampling",
-    "BlockDiffusionTrainer": "vllm_dflash.training.trainer",
-    "TrainConfig": "vllm_dflash.training.trainer",
-    "TrajectoryDataset": "vllm_dflash.training.data",
+    "BlockDiffusionTrainer": "vllm_dflash.train.trainer",
+    "TrainConfig": "vllm_dflash.train.trainer",
+    "TrajectoryDataset": "vllm_dflash.train.data",
     "prepare_target": "vllm_dflash.target",
 }
 

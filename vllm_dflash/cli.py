@@ -30,7 +30,7 @@ def _is_default_target(target: str | None) -> bool:
 
 def _draft_arg(a: argparse.Namespace) -> str | Path:
     """--draft of eval / demo: a folder as given, else resolved (bundled draft of a checkout, or 'untrained')."""
-    from vllm_dflash.demo import UNTRAINED, resolve_draft_arg
+    from vllm_dflash.drafts import UNTRAINED, resolve_draft_arg
 
     if a.draft is not None and a.draft != UNTRAINED:
         return a.draft  # checked where it is loaded
@@ -72,11 +72,11 @@ def cmd_collect(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from vllm_dflash.evaluate import evaluate_reference, format_report
+    from vllm_dflash.eval.reference import evaluate_reference, format_report
 
     a.draft = _draft_arg(a)
     if a.engine == "vllm":
-        from vllm_dflash.evaluate_vllm import evaluate_vllm
+        from vllm_dflash.eval.vllm_engine import evaluate_vllm
 
         report = evaluate_vllm(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
                                max_new_tokens=a.max_new_tokens, block_size=a.block_size,
@@ -91,7 +91,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from vllm_dflash.training.run import run_train
+    from vllm_dflash.train.run import run_train
 
     res = run_train(data=a.data, out=a.out, target=a.target, num_layers=a.layers, block_size=a.block_size,
                     draft_vocab_size=a.draft_vocab or None, mask_token_id=a.mask_token_id, batch_size=a.batch_size,
@@ -116,7 +116,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     from vllm_dflash.model import DFlashDraftModel
     from vllm_dflash.target import resolve_target
-    from vllm_dflash.training.trainer import restore_feature_scale
+    from vllm_dflash.train.trainer import restore_feature_scale
 
     ckpt = Path(a.run) / "checkpoint"
     if not (ckpt / "config.json").is_file():
@@ -131,7 +131,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from vllm_dflash.demo import run_demo
+    from vllm_dflash.bench.demo import run_demo
 
     return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode, dtype=a.dtype,
                     eager=a.enforce_eager)

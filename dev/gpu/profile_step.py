@@ -12,8 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.model import DFlashDraftModel
-from vllm_dflash.training.data import TrajectoryDataset
-from vllm_dflash.training.trainer import BlockDiffusionTrainer
+from vllm_dflash.train.data import TrajectoryDataset
+from vllm_dflash.train.trainer import BlockDiffusionTrainer
 
 cfg_path, dev = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cuda"
 N, A = int(sys.argv[3]) if len(sys.argv) > 3 else 32, int(sys.argv[4]) if len(sys.argv) > 4 else 64

@@ -22,7 +22,7 @@ def test_bf16_divergences_are_near_ties(pair, tmp_path):
     from openai import OpenAI
     from transformers import AutoTokenizer
 
-    from vllm_dflash.serving import Server
+    from vllm_dflash.serve.server import Server
     from support.vllm_helpers import run_vllm
 
     target = str(pair / "target")

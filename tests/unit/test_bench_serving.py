@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from vllm_dflash.bench import configs, report, stats
-from vllm_dflash.serving import parse_metrics
+from vllm_dflash.serve import tau
+from vllm_dflash.serve.tau import parse_metrics
 
 METRICS_BEFORE = """
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -64,8 +65,8 @@ def test_spec_decode_delta_from_metrics_text():
 
 
 def test_tokens_per_forward():
-    assert stats.tokens_per_forward(150, 100) == 1.5
-    assert stats.tokens_per_forward(150, 0) is None  # request-steps not counted (fixed block, other drafters)
+    assert tau.tokens_per_forward(150, 100) == 1.5
+    assert tau.tokens_per_forward(150, 0) is None  # request-steps not counted (fixed block, other drafters)
 
 
 def test_spec_decode_delta_no_drafts_and_reset():

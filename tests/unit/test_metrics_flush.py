@@ -7,7 +7,7 @@ was dropped, so the observations of the last drafting steps before the server we
 import threading
 import time
 
-from vllm_dflash import metrics as M
+from vllm_dflash.serve import metrics as M
 
 
 def _count(directory) -> int:

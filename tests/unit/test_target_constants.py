@@ -38,7 +38,7 @@ def test_known_table_is_the_only_source_of_a_default_mask():
     assert target_family(fam) == KNOWN_KEY
     assert default_mask_token_id(fam) == KNOWN_MASK_TOKEN_IDS[KNOWN_KEY]
     # the training module re-exports the same table (one place, not a copy)
-    from vllm_dflash.training import run
+    from vllm_dflash.train import run
 
     assert run.KNOWN_MASK_TOKEN_IDS is KNOWN_MASK_TOKEN_IDS
 
@@ -113,7 +113,7 @@ def no_model_load(monkeypatch):
 
 
 def test_train_on_an_unknown_target_names_mask_token_id_before_loading(no_model_load, tmp_path, pair):
-    from vllm_dflash.training.run import run_train
+    from vllm_dflash.train.run import run_train
 
     with pytest.raises(ValueError, match="--mask-token-id"):
         run_train(data=str(tmp_path / "no-data"), out=str(tmp_path / "run"), target=str(pair / "target"),
@@ -124,7 +124,7 @@ def test_train_on_an_unknown_target_names_mask_token_id_before_loading(no_model_
 
 
 def test_resume_with_another_mask_is_named(no_model_load, tmp_path, pair):
-    from vllm_dflash.training.run import run_train
+    from vllm_dflash.train.run import run_train
 
     ckpt = tmp_path / "run" / "checkpoint"
     ckpt.mkdir(parents=True)
@@ -169,7 +169,7 @@ def test_collect_mask_default_and_count(tmp_path, monkeypatch, pair):
 
 # ----------------------------------------------------------------- the bundled draft and output folders
 def test_default_draft_is_resolved_explicitly(tmp_path, monkeypatch, pair):
-    import vllm_dflash.demo as demo
+    import vllm_dflash.drafts as demo
 
     monkeypatch.setattr(demo, "checkout_draft_dir", lambda: tmp_path / "no-checkout" / demo.BUNDLED_DRAFT_NAME)
     with pytest.raises(FileNotFoundError, match="--draft"):
@@ -186,7 +186,7 @@ def test_default_draft_is_resolved_explicitly(tmp_path, monkeypatch, pair):
 
 
 def test_untrained_draft_needs_a_known_or_given_mask(tmp_path, monkeypatch, pair):
-    import vllm_dflash.demo as demo
+    import vllm_dflash.drafts as demo
 
     monkeypatch.setenv("VLLM_DFLASH_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="--mask-token-id"):
@@ -291,13 +291,13 @@ def test_the_scan_catches_a_literal_mask():
 
 
 def test_package_code_does_not_assume_a_checkout():
-    """Only demo.checkout_draft_dir looks beside the package (and it is checked before use); nothing else builds
+    """Only drafts.checkout_draft_dir looks beside the package (and it is checked before use); nothing else builds
     paths above the package (the repository root, models/, benchmarks/, runs/)."""
     offenders = []
     for f in sorted(PKG.rglob("*.py")):
         rel = f.relative_to(PKG).as_posix()
         text = f.read_text()
         for i, line in enumerate(text.splitlines(), 1):
-            if ("parents[2]" in line or "parent.parent" in line) and rel != "demo.py":
+            if ("parents[2]" in line or "parent.parent" in line) and rel != "drafts.py":
                 offenders.append(f"{rel}:{i}")
     assert not offenders, offenders

@@ -6,8 +6,8 @@ import torch
 
 from vllm_dflash.model import DFlashDraftModel
 from support.testing import load_target, tiny_trajectories
-from vllm_dflash.training.data import Sequence_, TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors
-from vllm_dflash.training.trainer import BlockDiffusionTrainer
+from vllm_dflash.train.data import Sequence_, TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors
+from vllm_dflash.train.trainer import BlockDiffusionTrainer
 
 
 def test_block_mask_matches_loop_built_mask():
@@ -97,7 +97,7 @@ def test_init_from_target_and_no_feature_baseline(pair, data, tmp_path):
     round-trips its flag, and is refused for serving."""
     from vllm_dflash.config import DFlashConfig, DFlashConfigError
     from vllm_dflash.integration.validation import validate_dflash_spec
-    from vllm_dflash.training.run import init_layers_from_target
+    from vllm_dflash.train.run import init_layers_from_target
 
     tgt, _, _ = data
     d = DFlashDraftModel.from_pretrained(pair / "draft-b8", target=tgt)
@@ -118,7 +118,7 @@ def test_init_from_target_and_no_feature_baseline(pair, data, tmp_path):
 
 
 def test_feature_cache_refuses_other_layers(pair, data, tmp_path):
-    from vllm_dflash.training.trainer import TargetFeatures
+    from vllm_dflash.train.trainer import TargetFeatures
 
     tgt, _, _ = data
     TargetFeatures(tgt, (0, 1), tmp_path / "f")
@@ -148,7 +148,7 @@ def test_feature_standardisation_is_folded_at_export(pair, data, tmp_path):
 
 
 def test_train_fraction_is_a_deterministic_subset():
-    from vllm_dflash.training.data import TrajectoryDataset
+    from vllm_dflash.train.data import TrajectoryDataset
 
     recs = [{"id": f"s{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5, 6, 7]} for i in range(400)]
     ds = TrajectoryDataset(recs)

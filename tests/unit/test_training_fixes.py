@@ -10,9 +10,9 @@ import torch
 
 from vllm_dflash.model import DFlashDraftModel
 from support.testing import load_target, tiny_trajectories
-from vllm_dflash.training.data import Sequence_, TrajectoryDataset, heldout_hash
-from vllm_dflash.training.run import KNOWN_MASK_TOKEN_IDS, default_mask_token_id, frequent_vocab
-from vllm_dflash.training.trainer import BlockDiffusionTrainer, TargetFeatures
+from vllm_dflash.train.data import Sequence_, TrajectoryDataset, heldout_hash
+from vllm_dflash.train.run import KNOWN_MASK_TOKEN_IDS, default_mask_token_id, frequent_vocab
+from vllm_dflash.train.trainer import BlockDiffusionTrainer, TargetFeatures
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_mask_token_default_comes_from_a_table_of_known_targets(tgt):
 
 
 def test_cli_defaults_are_the_audit_recipe(monkeypatch):
-    import vllm_dflash.training.run as run
+    import vllm_dflash.train.run as run
     from vllm_dflash.cli import main
 
     seen = {}
@@ -156,7 +156,7 @@ def test_pause_resume_over_grown_data(pair, tgt, recs, tmp_path):
 
 def test_run_train_end_to_end_two_folders_fine_tune(pair, tgt, recs, tmp_path):
     """vllm-dflash train on two folders, fine-tuned from a trained draft, paused and resumed with more data."""
-    from vllm_dflash.training.run import run_train
+    from vllm_dflash.train.run import run_train
 
     a = _write_collection(tmp_path / "v1", recs[:12])
     b = _write_collection(tmp_path / "v2", recs[12:16])
@@ -178,7 +178,7 @@ def test_time_budget_fits_the_schedule_to_the_measured_rate(pair, tgt, recs, tmp
     """--time-budget-minutes: after the probe steps the schedule's length is the steps that fit in the budget at
     the measured rate (so the cosine really reaches its floor), and the run stops there. A fake clock makes every
     step take exactly 1 s, so the expected length is known: 60 s * (1 - reserve) = 51 steps."""
-    import vllm_dflash.training.trainer as trainer_mod
+    import vllm_dflash.train.trainer as trainer_mod
 
     clock = {"t": 0.0}
     monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock["t"])
@@ -198,7 +198,7 @@ def test_time_budget_fits_the_schedule_to_the_measured_rate(pair, tgt, recs, tmp
 
 
 def test_bad_device_is_named_before_training(pair, recs, tmp_path):
-    from vllm_dflash.training.run import run_train
+    from vllm_dflash.train.run import run_train
 
     a = _write_collection(tmp_path / "v1", recs[:4])
     with pytest.raises(ValueError, match="--device"):

@@ -22,7 +22,7 @@ def test_patched_create_speculative_config_writes_additional_config(monkeypatch)
     second call keeps the resolved values; the caller's dicts are never mutated; bad values name the key."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_dflash.integration import patches
+    from vllm_dflash.integration.patches import speculative_config
 
     for name in S.all_env_names():
         monkeypatch.delenv(name, raising=False)
@@ -35,7 +35,7 @@ def test_patched_create_speculative_config_writes_additional_config(monkeypatch)
     monkeypatch.setattr(EngineArgs, "create_speculative_config", orig)
     monkeypatch.setattr("vllm_dflash.integration.validation.validate_dflash_spec",
                         lambda spec, hf: SimpleNamespace(block_size=8))
-    patches._patch_create_speculative_config()
+    speculative_config.apply()
     patched = EngineArgs.create_speculative_config
     target = SimpleNamespace(hf_config=None)
     before = dict(os.environ)

@@ -143,7 +143,7 @@ def _run_one(spec: dict) -> tuple[dict, object]:
            "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
            "executor": str(cfg.parallel_config.distributed_executor_backend), "init_s": t_init, "gen_s": t_gen}
     try:  # our metrics: one snapshot per process that wrote any (rank 0 only is the goal)
-        from vllm_dflash import metrics as dm
+        from vllm_dflash.serve import metrics as dm
 
         time.sleep(2 * dm.FLUSH_INTERVAL_S)  # deferred flushes land
         snaps = dm.read_snapshots()

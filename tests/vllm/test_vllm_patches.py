@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Regression tests for the vLLM patches in vllm_dflash/integration/patches.py.
+"""Regression tests for the vLLM patches in vllm_dflash/integration/patches/ (one module per patch).
 
 Each pairs "works with the plugin" with "the upstream bug is still there without it": when the second half
 starts failing, vLLM fixed the bug and the ledger's removal condition is met."""

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vllm_dflash.serving import Server
+from vllm_dflash.serve.server import Server
 from support.vllm_helpers import run_vllm
 
 pytestmark = pytest.mark.vllm

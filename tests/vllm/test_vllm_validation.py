@@ -60,7 +60,7 @@ def test_llm_rejects_bad_configs(pair, tmp_path):
 
 
 def test_vllm_serve_exits_with_message(pair, tmp_path):
-    from vllm_dflash.serving import vllm_executable
+    from vllm_dflash.serve.server import vllm_executable
 
     bad = [json.dumps({"method": "dflash", "model": "/nonexistent/draft", "num_speculative_tokens": 7}),
            '{"method": "dflash", "model": ']  # broken JSON

@@ -16,6 +16,7 @@ from typing import Any
 
 from vllm_dflash import settings
 from vllm_dflash.bench import stats
+from vllm_dflash.serve import tau
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
 
@@ -116,7 +117,7 @@ def level_slices(levels: list[int], num_prompts: int) -> dict[int, slice]:
 def resolve_draft(draft: str | None, target: Path, default_target: bool = True) -> tuple[Path, bool]:
     """(draft folder, trained?) for --draft: a folder (must exist), 'untrained', or None: the trained draft of a
     source checkout (default target only; a clear error with the fix when it is missing)."""
-    from vllm_dflash.demo import resolve_draft_arg
+    from vllm_dflash.drafts import resolve_draft_arg
 
     path, untrained = resolve_draft_arg(draft, target, default_target=default_target)
     if untrained:
@@ -150,7 +151,7 @@ def omp_binding(log: str) -> list[str]:
 
 def settled_metrics(server: Any, timeout: float = 10.0) -> dict[str, float]:
     """A /metrics scrape once no request runs and the spec-decode counters stopped moving."""
-    keys = (stats.DRAFTS, stats.ACCEPTED, "vllm:generation_tokens_total", "vllm:num_requests_running")
+    keys = (tau.DRAFTS + "_total", tau.ACCEPTED + "_total", tau.GENERATED + "_total", "vllm:num_requests_running")
     prev, deadline = None, time.time() + timeout
     while True:
         m = server.metrics()
@@ -163,7 +164,7 @@ def settled_metrics(server: Any, timeout: float = 10.0) -> dict[str, float]:
 
 def _start(server: Any, timeout: float) -> str | None:
     """Start the server (one retry if another process took the port). Returns an error message or None."""
-    from vllm_dflash.serving import free_port
+    from vllm_dflash.serve.server import free_port
 
     for attempt in range(2):
         try:
@@ -320,7 +321,7 @@ def _write(result: dict[str, Any], out_dir: Path, name: str, plots: bool) -> Non
 
 
 def run_from_args(a: argparse.Namespace) -> int:
-    from vllm_dflash.serving import Server
+    from vllm_dflash.serve.server import Server
     from vllm_dflash.target import resolve_target
     from vllm_dflash.utils import default_dtype
 

@@ -5,19 +5,13 @@ against the no-speculation baseline, and speedups."""
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Iterable
+
+from vllm_dflash.serve import tau
 
 PERCENTILES = (50, 90, 99)
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATED = "vllm:generation_tokens_total"
-REQUEST_STEPS = "vllm_dflash:request_steps_total"  # ours, counted under adaptive drafting
 ADAPTIVE_SOURCES = ("dflash", "ngram", "merged")
-_POSITION = re.compile(r'position="(\d+)"')
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -61,57 +55,9 @@ def throughput(requests: list[dict[str, Any]]) -> dict[str, float]:
     return {"output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0}
 
 
-def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
-    d = after.get(key, 0.0) - before.get(key, 0.0)
-    if d < 0:
-        raise ValueError(f"metrics: counter {key} went backwards ({before.get(key)} -> {after.get(key)}); "
-                         "was the server restarted between the scrapes?")
-    return d
-
-
-def per_position_accepted(m: dict[str, float]) -> dict[int, float]:
-    """Accepted tokens per draft position, summed over other labels (engines), from parse_metrics() output."""
-    out: dict[int, float] = {}
-    for key, value in m.items():
-        if key.startswith(PER_POS + "{"):
-            pos = _POSITION.search(key)
-            if pos:
-                out[int(pos.group(1))] = out.get(int(pos.group(1)), 0.0) + value
-    return out
-
-
-def tokens_per_forward(generated_tokens: float, request_steps: float) -> float | None:
-    """Tokens per target forward = generated tokens / request-steps (a request-step: one request's share of an engine
-    step that gave it at least one token, with or without drafts). vLLM's τ = 1 + accepted / drafts counts only the
-    request-steps that verified drafts, so where adaptive drafting skips speculation τ stays high while this falls
-    towards 1. None without request-steps."""
-    return generated_tokens / request_steps if request_steps > 0 else None
-
-
 def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """vLLM's spec-decode counters over one run (two parse_metrics() scrapes): drafts, draft tokens, accepted,
-    τ = 1 + accepted / drafts (bonus token included), draft acceptance rate, and per-position acceptance rate
-    (accepted at position k / drafts). τ and rates are None when nothing was drafted. Also tokens per target forward
-    (`tokens_per_forward`) from vLLM's generated tokens and our request-steps counter (None where the run did not
-    count request-steps: only adaptive drafting does)."""
-    drafts = _delta(after, before, DRAFTS)
-    draft_tokens = _delta(after, before, DRAFT_TOKENS)
-    accepted = _delta(after, before, ACCEPTED)
-    pos_after, pos_before = per_position_accepted(after), per_position_accepted(before)
-    per_pos = []
-    for k in sorted(pos_after):
-        d = pos_after[k] - pos_before.get(k, 0.0)
-        if d < 0:
-            raise ValueError(f"metrics: per-position counter {k} went backwards")
-        per_pos.append(d)
-    generated, request_steps = _delta(after, before, GENERATED), _delta(after, before, REQUEST_STEPS)
-    return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted,
-            "tau": 1.0 + accepted / drafts if drafts > 0 else None,
-            "generated_tokens": generated, "request_steps": request_steps,
-            "tokens_per_forward": tokens_per_forward(generated, request_steps),
-            "draft_acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
-            "per_position_accepted": per_pos,
-            "per_position_rate": [p / drafts for p in per_pos] if drafts > 0 else []}
+    """vLLM's spec-decode counters over one run (two parse_metrics() scrapes): serve.tau.spec_decode."""
+    return tau.spec_decode(after, before)
 
 
 def adaptive_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from vllm_dflash.adaptive.lengths import ANY, LengthPlanner
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.metrics import MetricsSink
+from vllm_dflash.serve.metrics import MetricsSink
 
 QUALNAME = "vllm_dflash.integration.async_scheduler.AdaptiveAsyncScheduler"
 

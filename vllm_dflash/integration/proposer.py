@@ -34,7 +34,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_dflash import settings
 from vllm_dflash.config import DFlashConfig
-from vllm_dflash.metrics import MetricsSink
+from vllm_dflash.serve.metrics import MetricsSink
 
 logger = init_logger(__name__)
 

@@ -67,7 +67,7 @@ def init_from_draft(path: str | Path, target, vocab_ids: torch.Tensor | None):
 def _heldout_for_run(held, out_dir: Path):
     """The held-out sequences this run reports its τ curve on: fixed at the run's first start (the split can grow
     as collection folders grow; every sequence in the split stays out of training either way)."""
-    from vllm_dflash.training.data import TrajectoryDataset
+    from vllm_dflash.train.data import TrajectoryDataset
 
     f = out_dir / "heldout_ids.json"
     if not f.exists():
@@ -94,8 +94,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.model import DFlashDraftModel
     from vllm_dflash.target import resolve_target
-    from vllm_dflash.training.data import TrajectoryDataset
-    from vllm_dflash.training.trainer import BlockDiffusionTrainer
+    from vllm_dflash.train.data import TrajectoryDataset
+    from vllm_dflash.train.trainer import BlockDiffusionTrainer
     from vllm_dflash.utils import default_dtype
 
     if device == "auto":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.serve.tau import parse_metrics
 from vllm_dflash.utils import default_dtype
 
 
@@ -126,39 +126,3 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self.metrics_text())
-
-
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name{labels}: value}; also sums per name without labels under `name`."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line.strip())
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        out[name + labels] = value
-        out[name] = out.get(name, 0.0) + value if labels else value
-    return out
-
-
-def tokens_per_forward(m: dict[str, float], before: dict[str, float] | None = None) -> float | None:
-    """Generated tokens per engine step (delta over `before`), from vLLM's own counters. With one request at a time
-    an engine step is one target forward for that request, so this is tokens per target forward for ANY method
-    (1.0 without speculation), unlike vLLM's per-draft τ, which counts only steps where a proposal was made."""
-    before = before or {}
-    d = lambda k: m.get(k, 0.0) - before.get(k, 0.0)  # noqa: E731
-    steps = d("vllm:iteration_tokens_total_count")
-    return d("vllm:generation_tokens_total") / steps if steps > 0 else None
-
-
-def acceptance_length(m: dict[str, float], before: dict[str, float] | None = None) -> float | None:
-    """Mean acceptance length 1 + accepted / drafts from vLLM's spec-decode counters (delta over `before`)."""
-    before = before or {}
-    drafts = m.get("vllm:spec_decode_num_drafts_total", 0.0) - before.get("vllm:spec_decode_num_drafts_total", 0.0)
-    acc = m.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - before.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-    return 1.0 + acc / drafts if drafts > 0 else None

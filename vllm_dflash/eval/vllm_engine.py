@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.bench.stats import tokens_per_forward
+from vllm_dflash.serve import tau as taus
 
 KEPT_METRICS = ("vllm:spec_decode", "vllm:generation_tokens", "vllm:request_success")
 
@@ -44,13 +44,9 @@ def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concur
 
 
 def _acceptance(metrics: dict) -> tuple[float, list[float], float]:
-    """vLLM's spec-decode counters of one run -> (τ = 1 + accepted / drafts, per-position acceptance, drafts)."""
-    drafts = float(metrics.get("vllm:spec_decode_num_drafts") or 0)
-    if not drafts:
-        return 0.0, [], 0.0
-    acc = float(metrics.get("vllm:spec_decode_num_accepted_tokens") or 0)
-    per_pos = metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
-    return 1 + acc / drafts, [p / drafts for p in per_pos], drafts
+    """vLLM's spec-decode counters of one run -> (τ, per-position acceptance, drafts); τ 0.0 when nothing was drafted."""
+    sd = taus.spec_decode(metrics)
+    return sd["tau"] or 0.0, sd["per_position_rate"], sd["drafts"]
 
 
 def _tokens_per_forward(metrics: dict, request_steps: float) -> float | None:
@@ -58,9 +54,8 @@ def _tokens_per_forward(metrics: dict, request_steps: float) -> float | None:
     counter (adaptive drafting counts them); 0 -> fixed block, where every request-step after the one that finishes
     the prompt verifies one block, so request-steps = drafts + finished requests."""
     if not request_steps:
-        request_steps = float(metrics.get("vllm:spec_decode_num_drafts") or 0) + \
-            float(metrics.get("vllm:request_success") or 0)
-    return tokens_per_forward(float(metrics.get("vllm:generation_tokens") or 0), request_steps)
+        request_steps = taus.counter(metrics, taus.DRAFTS) + taus.counter(metrics, "vllm:request_success")
+    return taus.tokens_per_forward(taus.counter(metrics, taus.GENERATED), request_steps)
 
 
 def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
@@ -72,7 +67,7 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     import vllm_dflash
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.data.prompts import get_prompts, render
-    from vllm_dflash.metrics import MetricsSink, ensure_metrics_dir, merged, read_snapshots
+    from vllm_dflash.serve.metrics import MetricsSink, ensure_metrics_dir, merged, read_snapshots
     from vllm_dflash.target import resolve_target
     from vllm_dflash.utils import default_dtype
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from vllm_dflash.model import DFlashDraftModel
 from vllm_dflash.reference import DecodeStats
-from vllm_dflash.training.data import (TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors)
+from vllm_dflash.train.data import (TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors)
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
