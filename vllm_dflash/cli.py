@@ -72,7 +72,8 @@ def cmd_collect(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from vllm_dflash.eval.reference import evaluate_reference, format_report
+    from vllm_dflash.eval.reference import evaluate_reference
+    from vllm_dflash.eval.report import format_report
 
     a.draft = _draft_arg(a)
     if a.engine == "vllm":
@@ -86,7 +87,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         report = evaluate_reference(target=a.target, draft=a.draft, prompts=a.prompts, limit=a.limit,
                                     max_new_tokens=a.max_new_tokens, block_size=a.block_size,
                                     diffusion_steps=a.diffusion_steps, baseline=not a.no_baseline, dtype=a.dtype)
-    print(json.dumps(report) if a.json else format_report(report))
+    print(json.dumps(report.to_dict()) if a.json else format_report(report))
     return 0
 
 
@@ -108,25 +109,9 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    """A training run's latest checkpoint -> a serving draft folder (bf16, config.json + model.safetensors)."""
-    from pathlib import Path
+    from vllm_dflash.train.export import export_draft
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from vllm_dflash.model import DFlashDraftModel
-    from vllm_dflash.target import resolve_target
-    from vllm_dflash.train.trainer import restore_feature_scale
-
-    ckpt = Path(a.run) / "checkpoint"
-    if not (ckpt / "config.json").is_file():
-        raise SystemExit(f"export: {ckpt} has no config.json. Fix: pass the --out folder of `vllm-dflash train`")
-    tgt = AutoModelForCausalLM.from_pretrained(str(resolve_target(a.target)), dtype=torch.float32)
-    draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["state"]
-    restore_feature_scale(draft, state)  # folded into fc by save_pretrained
-    out = draft.save_pretrained(a.out, dtype=torch.bfloat16)
-    print(json.dumps({"draft": str(out), "step": state["step"], "epoch": state["epoch"], "position": state["pos"]}))
+    print(json.dumps(export_draft(a.run, a.out, a.target)))
     return 0
 
 

@@ -55,7 +55,8 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
                        "`vllm-dflash train` (see README).", draft_dir)
     items = humaneval_prompts(num_prompts)
     if mode == "reference":
-        from vllm_dflash.eval.reference import evaluate_reference, format_report
+        from vllm_dflash.eval.reference import evaluate_reference
+        from vllm_dflash.eval.report import format_report
 
         report = evaluate_reference(target=str(target), draft=draft_dir, prompts="humaneval", limit=num_prompts,
                                     max_new_tokens=max_tokens)

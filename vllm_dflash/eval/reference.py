@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from vllm_dflash.eval.report import EvalReport, format_report  # noqa: F401 (format_report: re-export)
 from vllm_dflash.reference import DecodeStats, ReferenceDecoder
 
 
@@ -27,7 +27,7 @@ def load_pair(target: str | Path | None, draft: str | Path, dtype: str = "float3
 
 def evaluate_reference(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
                        max_new_tokens: int = 256, block_size: int | None = None, diffusion_steps: int | None = None,
-                       baseline: bool = True, dtype: str = "float32", progress: bool = True) -> dict[str, Any]:
+                       baseline: bool = True, dtype: str = "float32", progress: bool = True) -> EvalReport:
     from tqdm import tqdm
 
     from vllm_dflash.data.prompts import get_prompts, render
@@ -52,35 +52,16 @@ def evaluate_reference(*, target: str | None, draft: str | Path, prompts: str, l
             rb = plain.generate(p, max_new_tokens=max_new_tokens, stop_token_ids=stop)
             base_time += time.perf_counter() - t0
             base_tokens += len(rb.token_ids)
-    report = {
-        "target": str(target or DEFAULT_TARGET_NAME), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
-        "block_size": B, "diffusion_steps": spec.diffusion_steps, "max_new_tokens": max_new_tokens,
-        "acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
-        "histogram": stats.histogram, "num_steps": stats.num_steps, "output_tokens": spec_tokens,
-        "tokens_per_s": spec_tokens / spec_time if spec_time else 0.0,
-        "draft_time_share": stats.draft_time_s / spec_time if spec_time else 0.0,
-    }
+    report = EvalReport(
+        engine="reference", target=str(target or DEFAULT_TARGET_NAME), draft=str(draft), prompts=prompts,
+        num_prompts=len(ids), block_size=B, diffusion_steps=spec.diffusion_steps, max_new_tokens=max_new_tokens,
+        acceptance_length=stats.acceptance_length,
+        # every reference step is one target forward that verifies a block (the prefill's first token aside)
+        tokens_per_forward=spec_tokens / (stats.num_steps + len(ids)) if stats.num_steps else None,
+        per_position_acceptance=stats.per_position_acceptance, histogram=stats.histogram, num_steps=stats.num_steps,
+        output_tokens=spec_tokens, tokens_per_s=spec_tokens / spec_time if spec_time else 0.0,
+        draft_time_share=stats.draft_time_s / spec_time if spec_time else 0.0)
     if plain is not None:
-        report["baseline_tokens_per_s"] = base_tokens / base_time if base_time else 0.0
-        report["speedup"] = report["tokens_per_s"] / report["baseline_tokens_per_s"] if base_time else 0.0
-    else:
-        report["speedup"] = None
+        report.baseline_tokens_per_s = base_tokens / base_time if base_time else 0.0
+        report.speedup = report.tokens_per_s / report.baseline_tokens_per_s if base_time else 0.0
     return report
-
-
-def format_report(r: dict[str, Any]) -> str:
-    lines = [f"[{r.get('engine', 'reference')}] draft {r['draft']}  on {r['prompts']} ({r['num_prompts']} prompts, {r['max_new_tokens']} new tokens, "
-             f"block {r['block_size']}, diffusion steps {r['diffusion_steps']})",
-             f"  acceptance length τ  {r['acceptance_length']:.3f}  ({r['num_steps']} verify steps)",
-             "  per-position acceptance " + " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
-             "  histogram (tokens/step 1..B) " + " ".join(str(h) for h in r["histogram"]),
-             f"  throughput {r['tokens_per_s']:.1f} tok/s (draft share {100 * r['draft_time_share']:.0f}%)"]
-    if r.get("speedup") is not None:
-        base = "no speculation" if r.get("engine") == "vllm" else "block size 1"
-        lines.append(f"  speedup over {base}: {r['speedup']:.2f}x  (baseline {r['baseline_tokens_per_s']:.1f} tok/s)")
-    ng = r.get("ngram")
-    if ng:
-        lines.append(f"  vLLM prompt lookup, {ng['num_speculative_tokens']} tokens, same prompts: τ {ng['acceptance_length']:.3f}"
-                     f", per position " + " ".join(f"{x:.2f}" for x in ng["per_position_acceptance"])
-                     + (f", speedup {ng['speedup']:.2f}x" if ng.get("speedup") is not None else ""))
-    return "\n".join(lines)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.eval.report import EvalReport
 from vllm_dflash.serve import tau as taus
 
 KEPT_METRICS = ("vllm:spec_decode", "vllm:generation_tokens", "vllm:request_success")
@@ -60,7 +61,7 @@ def _tokens_per_forward(metrics: dict, request_steps: float) -> float | None:
 
 def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit: int | None = None,
                   max_new_tokens: int = 256, block_size: int | None = None, diffusion_steps: int | None = None,
-                  baseline: bool = True, concurrency: int = 1, ngram_k: int = 0) -> dict[str, Any]:
+                  baseline: bool = True, concurrency: int = 1, ngram_k: int = 0) -> EvalReport:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from transformers import AutoTokenizer
 
@@ -90,26 +91,23 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     hists = ours["hists"]
     hist = hists["accepted_tokens_per_step"]["counts"][:B]
     draft_s = hists["draft_forward_seconds"]["sum"] + hists["kv_injection_seconds"]["sum"]
-    report = {"engine": "vllm", "target": str(tpath), "draft": str(draft), "prompts": prompts, "num_prompts": len(ids),
-              "block_size": B, "diffusion_steps": diffusion_steps or cfg.diffusion_steps, "max_new_tokens": max_new_tokens,
-              "concurrency": concurrency, "acceptance_length": tau,
-              "tokens_per_forward": _tokens_per_forward(m, ours["counters"].get("request_steps", 0.0)),
-              "per_position_acceptance": per_pos,
-              "histogram": hist, "num_steps": int(drafts), "output_tokens": n, "tokens_per_s": n / dt,
-              "draft_time_share": draft_s / dt}
+    report = EvalReport(
+        engine="vllm", target=str(tpath), draft=str(draft), prompts=prompts, num_prompts=len(ids), block_size=B,
+        diffusion_steps=diffusion_steps or cfg.diffusion_steps, max_new_tokens=max_new_tokens, concurrency=concurrency,
+        acceptance_length=tau, tokens_per_forward=_tokens_per_forward(m, ours["counters"].get("request_steps", 0.0)),
+        per_position_acceptance=per_pos, histogram=hist, num_steps=int(drafts), output_tokens=n, tokens_per_s=n / dt,
+        draft_time_share=draft_s / dt)
     if baseline:
         bdt, bn, _ = _run(common, ids, max_new_tokens, concurrency)
-        report["baseline_tokens_per_s"] = bn / bdt
-        report["speedup"] = report["tokens_per_s"] / report["baseline_tokens_per_s"]
-    else:
-        report["speedup"] = None
+        report.baseline_tokens_per_s = bn / bdt
+        report.speedup = report.tokens_per_s / report.baseline_tokens_per_s
     if ngram_k:  # the no-training baseline on the same prompts: vLLM's prompt lookup with ngram_k tokens. Last: once
         # its proposer has imported numba, vLLM 0.32's kernel-override scan fails for any later engine in this process
         ndt, nn, nm = _run({**common, "speculative_config": {"method": "ngram", "num_speculative_tokens": ngram_k,
                                                               "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
                            ids, max_new_tokens, concurrency)
         ntau, nper_pos, _ = _acceptance(nm)
-        report["ngram"] = {"num_speculative_tokens": ngram_k, "acceptance_length": ntau,
+        report.ngram = {"num_speculative_tokens": ngram_k, "acceptance_length": ntau,
                            "per_position_acceptance": nper_pos, "output_tokens": nn, "tokens_per_s": nn / ndt,
-                           "speedup": nn / ndt / report["baseline_tokens_per_s"] if baseline else None}
+                           "speedup": nn / ndt / report.baseline_tokens_per_s if baseline else None}
     return report
