@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The soak test (benchmarks/soak.py) end to end: the quick mode against a real `vllm serve` with our drafter passes
-its checks (marked vllm, ~5 min on 2 cores). That the checks catch what they are meant to catch is tested without
-vLLM in tests/unit/test_soak_checks.py."""
+"""The soak test (vllm_dflash/bench/soak/, run as benchmarks/soak.py) end to end: the quick mode against a real
+`vllm serve` with our drafter passes its checks (marked vllm, ~5 min on 2 cores). That the checks catch what they
+are meant to catch is tested without vLLM in tests/unit/test_soak_checks.py."""
 import json
 import subprocess
 import sys

@@ -1,16 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The soak test's checks (benchmarks/soak_report.py, soak_plan.py) catch what they are meant to catch (fast, no
+"""The soak test's checks (vllm_dflash/bench/soak/: report.py, plan.py) catch what they are meant to catch (fast, no
 vLLM). The quick soak against a real `vllm serve` with our drafter is tests/e2e/test_soak.py."""
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import soak_report  # noqa: E402
+from vllm_dflash.bench.soak import report as soak_report
 
 
 def _outcome(tag, kind="greedy", status="ok", **kw):
@@ -134,7 +130,7 @@ def test_planned_aborts_cannot_finish_first():
     server completed logs no abort and would be counted as lost)."""
     import random
 
-    from soak_plan import QUICK, build_round, load_prompts
+    from vllm_dflash.bench.soak.plan import QUICK, build_round, load_prompts
 
     reqs = build_round(load_prompts(QUICK.max_prompt_chars), [], QUICK, 0, "x" * 100)
     aborts = [r for r in reqs if r.kind in ("disconnect", "timeout")]
@@ -144,7 +140,7 @@ def test_planned_aborts_cannot_finish_first():
 def test_plan_is_seeded_and_complete():
     import random
 
-    from soak_plan import MALFORMED, QUICK, build_round, greedy_cases, load_prompts, too_long_text
+    from vllm_dflash.bench.soak.plan import MALFORMED, QUICK, build_round, greedy_cases, load_prompts, too_long_text
 
     prompts = load_prompts(QUICK.max_prompt_chars)
     assert {p["source"] for p in prompts} == {"humaneval-chat", "humaneval-raw", "web-chat"}
@@ -159,3 +155,45 @@ def test_plan_is_seeded_and_complete():
     assert {r["case"] for r in rounds[0] if r["kind"] == "malformed"} == set(MALFORMED)
     assert any(r["stream"] for r in rounds[0]) and any(not r["stream"] for r in rounds[0])
     assert {r["endpoint"] for r in rounds[0]} == {"completions", "chat"}
+
+
+def test_round_metrics_use_the_tau_helper():
+    """A round's counter deltas: τ and drafts come from vllm_dflash.serve.tau (the one τ helper)."""
+    from vllm_dflash.bench.soak.run import metric_delta
+    from vllm_dflash.serve.tau import parse_metrics
+
+    def scrape(drafts, accepted, gen, stop):
+        return parse_metrics(f"vllm:spec_decode_num_drafts_total {drafts}\n"
+                             f"vllm:spec_decode_num_draft_tokens_total {7 * drafts}\n"
+                             f"vllm:spec_decode_num_accepted_tokens_total {accepted}\n"
+                             f"vllm:generation_tokens_total {gen}\nvllm:prompt_tokens_total {2 * gen}\n"
+                             f"vllm:num_preemptions_total 1\n"
+                             f'vllm:request_success_total{{finished_reason="stop"}} {stop}\n'
+                             f'vllm:request_success_total{{finished_reason="length"}} 2\n')
+
+    d = metric_delta(scrape(10, 20, 100, 3), scrape(40, 95, 300, 8))
+    assert d == {"finished_by_reason": {"stop": 5, "length": 0}, "preemptions": 0, "prompt_tokens": 400,
+                 "generation_tokens": 200, "drafts": 30, "tau": 3.5}
+    assert metric_delta(scrape(10, 20, 100, 3), scrape(10, 20, 150, 3))["tau"] is None  # nothing drafted
+
+
+def test_startup_suite_builds_its_bad_drafts_without_a_checkout(tmp_path, pair):
+    """The other_target and unsupported_block drafts are edited copies of the draft under test (built in the temp
+    folder, nothing from tests/assets or a checkout), and our start-up validation rejects each with the words the
+    suite expects."""
+    import json
+
+    from vllm_dflash.bench.soak.startup import cases
+    from vllm_dflash.config import DFlashConfig, DFlashConfigError
+    from vllm_dflash.integration.validation import validate_dflash_spec
+
+    target = json.loads((pair / "target" / "config.json").read_text())
+    by_name = {c["name"]: c for c in cases(pair / "draft-b8", tmp_path)}
+    assert set(by_name) == {"bad_json", "missing_draft", "other_target", "unsupported_block"}
+    for name in ("other_target", "unsupported_block"):
+        spec = json.loads(by_name[name]["spec"])
+        assert Path(spec["model"]).parent == tmp_path
+        with pytest.raises(DFlashConfigError) as e:
+            validate_dflash_spec(spec, target)
+        assert all(w in str(e.value) for w in by_name[name]["expect"]), (str(e.value), by_name[name]["expect"])
+    DFlashConfig.from_pretrained(pair / "draft-b8").check_target(target)  # the draft under test itself fits

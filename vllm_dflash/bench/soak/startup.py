@@ -4,8 +4,10 @@ message that names the problem (checked against expected words).
 
   bad_json            --speculative-config that is not JSON
   missing_draft       draft folder that does not exist
-  other_target        a draft trained for another target (tests/assets/tiny-pair/draft-b8 against SmolLM2)
+  other_target        a copy of the soak's draft whose config.json claims a target with 2 more layers
   unsupported_block   a copy of the soak's draft with block_size 6 (supported: 4, 8, 16)
+
+The two copies are built in a temporary folder (nothing from a source checkout is needed).
 
 Two ways to run them. `exec`: each case is its own `vllm serve` process (~40 s each on a busy 2-core machine,
 mostly `import vllm`). `fork` (the quick mode's default): one helper process imports vLLM's CLI once, then forks a
@@ -28,17 +30,28 @@ from typing import Any
 
 from vllm_dflash.serve.server import vllm_executable
 
-REPO = Path(__file__).resolve().parent.parent
-OTHER_TARGET_DRAFT = REPO / "tests" / "assets" / "tiny-pair" / "draft-b8"
+OTHER_TARGET_EXTRA_LAYERS = 2  # other_target: the copy claims a target this many layers deeper than the real one
+
+
+def _edited_copy(draft: Path, tmp: Path, name: str, **changes: Any) -> Path:
+    """A copy of the draft folder with `changes` written into its config.json."""
+    d = tmp / name
+    shutil.copytree(draft, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
 
 
 def _block6_copy(draft: Path, tmp: Path) -> Path:
-    d = tmp / "draft-block6"
-    shutil.copytree(draft, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["block_size"] = 6
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
+    return _edited_copy(draft, tmp, "draft-block6", block_size=6)
+
+
+def _other_target_copy(draft: Path, tmp: Path) -> tuple[Path, int]:
+    """A copy of the draft that claims another target (num_target_layers off by OTHER_TARGET_EXTRA_LAYERS; its
+    target_layer_ids stay valid, so the target check is what rejects it). -> (folder, the layers it claims)."""
+    layers = int(json.loads((draft / "config.json").read_text())["num_target_layers"]) + OTHER_TARGET_EXTRA_LAYERS
+    return _edited_copy(draft, tmp, "draft-other-target", num_target_layers=layers), layers
 
 
 def cases(draft: Path, tmp: Path) -> list[dict[str, Any]]:
@@ -46,13 +59,14 @@ def cases(draft: Path, tmp: Path) -> list[dict[str, Any]]:
     def spec(model: Path, k: int) -> str:
         return json.dumps({"method": "dflash", "model": str(model), "num_speculative_tokens": k})
 
+    other, other_layers = _other_target_copy(draft, tmp)
     return [
         {"name": "bad_json", "spec": '{"method": "dflash", "model": ',
          "expect": ["--speculative-config", "cannot be converted"]},  # vLLM's argparse message
         {"name": "missing_draft", "spec": spec(tmp / "no-such-draft", 7),
          "expect": ["speculative_config.model", "does not exist", "Fix:"]},
-        {"name": "other_target", "spec": spec(OTHER_TARGET_DRAFT, 7),
-         "expect": ["num_target_layers", "draft was built for a 2-layer target", "Fix:"]},
+        {"name": "other_target", "spec": spec(other, 7),  # vllm_dflash.config DFlashConfig.check_target's message
+         "expect": ["num_target_layers", f"draft was built for a {other_layers}-layer target", "Fix:"]},
         {"name": "unsupported_block", "spec": spec(_block6_copy(draft, tmp), 5),
          "expect": ["block_size", "6 is not supported", "Fix:"]},
     ]
@@ -151,8 +165,9 @@ def run_startup_suite(target: Path, draft: Path, mode: str = "fork", parallel: i
                 return list(ex.map(lambda c: _run_one(target, c, timeout), todo))
         spec_file = Path(tmp) / "cases.json"
         spec_file.write_text(json.dumps({"target": str(target), "cases": todo, "timeout": timeout}))
-        p = subprocess.Popen([sys.executable, __file__, "--fork-runner", str(spec_file)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+        runner = [sys.executable, "-m", "vllm_dflash.bench.soak.startup", "--fork-runner", str(spec_file)]
+        p = subprocess.Popen(runner, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                             start_new_session=True)
         try:
             stdout, stderr = p.communicate(timeout=timeout * len(todo) + 120)
         except subprocess.TimeoutExpired:

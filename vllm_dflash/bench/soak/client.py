@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import httpx
 
-from soak_plan import Req
+from vllm_dflash.bench.soak.plan import Req
 
 
 @dataclass
