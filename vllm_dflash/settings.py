@@ -159,7 +159,7 @@ class DFlashSettings:
         parse=_choice("auto", "fused", "reference"),
         doc="Context K/V injection path: auto = the fused csrc/ kernel when built (else the PyTorch reference, "
             "logged once; a worker's own DFLASH_KV_INJECTION may still pick the path at run time, as "
-            "benchmarks/bench_kv_injection.py does); fused = the kernel or an error; reference = PyTorch "
+            "the kernel benchmark (vllm_dflash/bench/kernels.py) does); fused = the kernel or an error; reference = PyTorch "
             "(debugging, comparisons).",
         fix="use 'auto', 'fused' or 'reference'")
     drafter: str = _setting(

@@ -1,10 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The serving benchmark (`vllm-dflash bench`, `benchmarks/bench_serving.py`).
+"""Benchmarks and the demo. The serving benchmark (`vllm-dflash bench`, `benchmarks/bench_serving.py`):
 
   configs.py : the configuration registry (none, ngram, vllm-dflash, ours, ours-no-overlap, ours-adaptive, ours-adaptive-overlap)
   client.py  : concurrent streaming OpenAI clients (asyncio) against one `vllm serve`
   stats.py   : pure maths: percentiles, /metrics counter deltas (τ, per-position acceptance), output comparison
   report.py  : markdown table and PNG plots
   run.py     : the driver: one real `vllm serve` per configuration, every prompt set and concurrency level
+Beside it:
+  demo.py          : `vllm-dflash demo`: no speculation, vLLM's n-gram drafter and ours side by side
+  soak/            : the soak test (`benchmarks/soak.py`, `python -m vllm_dflash.bench.soak`): load, faults, bad input
+  kernels.py       : KV-injection kernel benchmark (`benchmarks/bench_kv_injection.py`)
+  train_profile.py : one training step timed by phase (`benchmarks/profile_train_step.py`)
 
 Importing this package is cheap (no torch, no vLLM)."""
