@@ -122,6 +122,16 @@ def cmd_demo(a: argparse.Namespace) -> int:
                     eager=a.enforce_eager)
 
 
+def cmd_check_data(a: argparse.Namespace) -> int:
+    from vllm_dflash.data.contamination import check_data, format_report, load_tokenizer
+
+    folders = [f.strip() for f in a.data.split(",") if f.strip()]
+    report = check_data(folders, load_tokenizer(a.target), sets=[x.strip() for x in a.sets.split(",") if x.strip()],
+                        containment=a.containment)
+    print(json.dumps(report, indent=1) if a.json else format_report(report))
+    return 0 if report["clean"] else 1
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from vllm_dflash.bench.run import run_from_args
 
@@ -278,6 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--mode", default="serve", choices=["serve", "reference"],
                    help="serve: real `vllm serve`; reference: the plain-PyTorch reference loop")
     s.set_defaults(fn=cmd_demo)
+
+    s = parser("check-data", "contamination check: no evaluation prompt in the training data (by id, hash of the "
+               "normalised user turns and hashed-shingle containment); exit 1 on a hit")
+    s.add_argument("--data", required=True, help="collection folder(s) (vllm-dflash collect --out), comma-separated")
+    s.add_argument("--sets", default="humaneval,chat,sharegpt",
+                   help="comma-separated evaluation prompt sets: humaneval, chat, sharegpt or JSONL files")
+    s.add_argument("--target", default=None,
+                   help="target folder whose tokenizer decodes the records (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--containment", type=float, default=0.8,
+                   help="share of an evaluation text's 8-word shingles inside one training text that counts as a hit")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.set_defaults(fn=cmd_check_data)
 
     from vllm_dflash.bench.run import add_arguments as add_bench_arguments
 

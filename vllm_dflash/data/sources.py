@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import gzip
 import hashlib
+import functools
 import importlib.util
 import json
 import random
@@ -198,7 +199,36 @@ def chat_eval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
 
 
 def sharegpt_eval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
-    """Held-out ShareGPT first turns (1 in 20 conversations, by id hash), never in the training split."""
-    items = [{"id": it["id"], "source": it["source"], "messages": it["messages"]}
-             for it in sharegpt_conversations() if split_of(it["id"]) == "eval"]
+    """Held-out ShareGPT first turns (1 in 20 conversations, by id hash), none of them in the training split.
+
+    ShareGPT repeats conversations under other ids ("hi", "continue", copied questions), so an id split alone leaks:
+    a held-out first turn is left out when its normalised text equals a human turn of a training-split conversation
+    or 80 % of its 8-word shingles occur in training-split human turns (`vllm-dflash check-data` checks the
+    collected data in the same way)."""
+    items = _sharegpt_eval()
     return items[:limit] if limit else items
+
+
+@functools.lru_cache(maxsize=1)
+def _sharegpt_eval() -> list[dict[str, Any]]:
+    from vllm_dflash.data.contamination import CONTAINMENT, MIN_SHINGLES, normalize, shingles
+
+    held, train_turns = [], []
+    for it in sharegpt_conversations():
+        if split_of(it["id"]) == "eval":
+            held.append({"id": it["id"], "source": it["source"], "messages": it["messages"]})
+        else:
+            train_turns += [it["messages"][-1]["content"], *it["followups"]]
+    exact = {normalize(t) for t in train_turns}
+    sh_train: set[int] = set()
+    for t in train_turns:
+        sh_train |= shingles(t)
+    out = []
+    for it in held:
+        text = it["messages"][-1]["content"]
+        sh = shingles(text)
+        leaked = normalize(text) in exact or (
+            len(sh) >= MIN_SHINGLES and len(sh & sh_train) >= CONTAINMENT * len(sh))
+        if not leaked:
+            out.append(it)
+    return out
