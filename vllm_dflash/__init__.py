@@ -14,7 +14,11 @@ def register() -> None:
     """vLLM general-plugin hook: install our DFlash drafter for `method: "dflash"`.
 
     Speculative-config key "drafter": "vllm" (or DFLASH_DRAFTER=vllm) keeps vLLM's built-in drafter (side-by-side
-    comparisons); every setting: docs/CONFIGURATION.md."""
+    comparisons); every setting: docs/CONFIGURATION.md.
+
+    Never raises: vLLM calls it for every use, DFlash or not. It checks the vLLM internals the plugin relies on first
+    (integration/seam.py, docs/CONTRACTS.md); on a mismatch it applies no patch, warns once, and only configuring
+    DFlash fails (with the problems and the fix)."""
     global _REGISTERED
     if _REGISTERED:
         return

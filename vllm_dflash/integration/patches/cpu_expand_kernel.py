@@ -10,7 +10,7 @@ def apply() -> None:
 
     from vllm_dflash.integration.cpu_sampling import expand_kernel_impl
 
-    assert hasattr(cpu_tl, "_expand_kernel_impl"), "vllm.utils.cpu_triton_utils._expand_kernel_impl moved"
+    # its existence and signature: checked by the seam (integration/seam.py) before any patch is applied
     cpu_tl._expand_kernel_impl = expand_kernel_impl  # read by CpuPlatform.register_triton_kernel_overrides
 
 

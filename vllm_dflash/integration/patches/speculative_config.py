@@ -32,7 +32,8 @@ def apply() -> None:
                                         settings.additional_config_section(self.additional_config))
                 self.additional_config = settings.with_settings(self.additional_config, ours)
                 if ours.drafter == "ours":
-                    cfg = validate_dflash_spec(spec, target_model_config.hf_config)
+                    cfg = validate_dflash_spec(spec, target_model_config.hf_config,
+                                               tp_size=getattr(target_parallel_config, "tensor_parallel_size", None))
                     spec.setdefault("num_speculative_tokens", cfg.block_size - 1)
                     keep_prefix_block(spec)
             self.speculative_config = spec
