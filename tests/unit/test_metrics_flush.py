@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MetricsSink snapshots catch up with the last observation when the process goes idle.
+"""MetricsSink snapshots catch up with the last observation when the process goes idle, and the per-step flush does
+no I/O on the serving thread.
 
-Regression (found by benchmarks/soak.py): flushes are throttled to one per FLUSH_INTERVAL_S and a throttled flush
+Regression (found by benchmarks/soak.py): flushes were throttled to one per FLUSH_INTERVAL_S and a throttled flush
 was dropped, so the observations of the last drafting steps before the server went idle never reached /metrics
 (vllm_dflash:accepted_tokens_per_step_count fell behind vllm:spec_decode_num_drafts_total until the next request)."""
 import threading
@@ -14,34 +15,47 @@ def _count(directory) -> int:
     return M.merged(M.read_snapshots(directory))["hists"]["accepted_tokens_per_step"]["count"]
 
 
-def test_throttled_flush_is_deferred_not_dropped(tmp_path, monkeypatch):
+def _wait_for(directory, n: int) -> int:
+    deadline = time.monotonic() + 6 * M.FLUSH_INTERVAL_S
+    while _count(directory) != n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _count(directory)
+
+
+def test_last_observations_reach_the_snapshot_when_idle(tmp_path, monkeypatch):
     monkeypatch.setenv(M.ENV_DIR, str(tmp_path))
     sink = M.MetricsSink()
-    sink.observe("accepted_tokens_per_step", 1.0)
-    sink.flush()
-    for v in (2.0, 3.0, 4.0):  # inside the throttle window: nothing written yet
+    for v in (1.0, 2.0, 3.0, 4.0):  # a burst of steps, then nothing
         sink.observe("accepted_tokens_per_step", v)
         sink.flush()
-    assert _count(tmp_path) == 1
-    deadline = time.monotonic() + 5 * M.FLUSH_INTERVAL_S
-    while _count(tmp_path) != 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _count(tmp_path) == 4, "the last observations never reached the snapshot"
+    assert _wait_for(tmp_path, 4) == 4, "the last observations never reached the snapshot"
 
 
-def test_change_after_deferred_snapshot_is_flushed_too(tmp_path, monkeypatch):
+def test_change_after_a_write_is_flushed_too(tmp_path, monkeypatch):
     monkeypatch.setenv(M.ENV_DIR, str(tmp_path))
     sink = M.MetricsSink()
     sink.observe("accepted_tokens_per_step", 1.0)
     sink.flush()
+    assert _wait_for(tmp_path, 1) == 1
     sink.observe("accepted_tokens_per_step", 1.0)
-    sink.flush()  # deferred
-    time.sleep(1.5 * M.FLUSH_INTERVAL_S)  # the deferred flush ran
-    assert _count(tmp_path) == 2
-    sink.observe("accepted_tokens_per_step", 1.0)
-    sink.flush()  # throttled again (the deferred flush was recent): deferred once more
-    time.sleep(1.5 * M.FLUSH_INTERVAL_S)
-    assert _count(tmp_path) == 3
+    sink.flush()
+    assert _wait_for(tmp_path, 2) == 2
+
+
+def test_flush_does_no_io_on_the_calling_thread(tmp_path, monkeypatch):
+    """The drafter flushes every step: the write happens on the flusher thread (force=True writes at once, here)."""
+    monkeypatch.setenv(M.ENV_DIR, str(tmp_path))
+    sink = M.MetricsSink()
+    writers = []
+    orig = sink._write
+    monkeypatch.setattr(sink, "_write", lambda: (writers.append(threading.get_ident()), orig()))
+    for _ in range(200):
+        sink.observe("accepted_tokens_per_step", 1.0)
+        sink.flush()
+    assert threading.get_ident() not in writers
+    assert _wait_for(tmp_path, 200) == 200 and writers and threading.get_ident() not in writers
+    sink.flush(force=True)
+    assert writers[-1] == threading.get_ident()
 
 
 def test_no_directory_no_thread(monkeypatch):

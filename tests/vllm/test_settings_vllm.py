@@ -34,7 +34,7 @@ def test_patched_create_speculative_config_writes_additional_config(monkeypatch)
 
     monkeypatch.setattr(EngineArgs, "create_speculative_config", orig)
     monkeypatch.setattr("vllm_dflash.integration.validation.validate_dflash_spec",
-                        lambda spec, hf: SimpleNamespace(block_size=8))
+                        lambda spec, hf, tp_size=None: SimpleNamespace(block_size=8))
     speculative_config.apply()
     patched = EngineArgs.create_speculative_config
     target = SimpleNamespace(hf_config=None)

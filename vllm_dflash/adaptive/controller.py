@@ -17,7 +17,12 @@ Each step has two halves around the draft forward, so the forward runs only when
      run).
 Every decision is counted in the metrics (request-steps, sources, lengths, accepted tokens per source, cost fit).
 Host-side by design (numpy on token lists). Under overlap scheduling the scheduler plans the lengths
-(adaptive/lengths.py) and this controller only picks each request's source."""
+(adaptive/lengths.py) and this controller only picks each request's source.
+
+Tensor parallelism: every TP rank runs its own controller on the same tokens, but the step-cost model and the guard
+read the rank's own wall clock, so two ranks can plan differently; the draft forward holds collectives, so the ranks
+must agree on whether it runs. The drafter therefore sends TP rank 0's plan to every rank after `plan` and before the
+forward (`StepPlan.encode` / `StepPlan.adopt`; integration/proposer.py `sync_plan_across_tp`)."""
 from __future__ import annotations
 
 import time
@@ -30,6 +35,7 @@ from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, Step
                                          cumulative_acceptance, plan_lengths, publish_plan)
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
+PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
 
 
 @dataclass
@@ -50,12 +56,37 @@ class StepPlan:
     lookups: list[np.ndarray]  # [<= k_max] each
     sources: list[str]
     ks: list[int]
+    run_block: bool | None = None  # adopted from another rank (`adopt`): whether the draft forward runs
 
     @property
     def needs_block(self) -> bool:
-        """Does any request verify a DFlash token, i.e. must the draft forward run?"""
+        """Does any request verify a DFlash token, i.e. must the draft forward run? (After `adopt`: the deciding
+        rank's answer, so every rank runs the forward, with its collectives, or none does.)"""
+        if self.run_block is not None:
+            return self.run_block
         return any((s == "dflash" and k > 0) or (s == "merged" and k > len(t))
                    for s, k, t in zip(self.sources, self.ks, self.lookups))
+
+    def encode(self) -> np.ndarray:
+        """The decisions as [2 * B + 1] int64: source codes (PLAN_SOURCES), lengths, needs_block. B is the same on
+        every TP rank (the batch is), so the size is known before the broadcast."""
+        out = np.empty(2 * len(self.sources) + 1, dtype=np.int64)
+        n = len(self.sources)
+        out[:n] = [PLAN_SOURCES.index(s) for s in self.sources]
+        out[n: 2 * n] = self.ks
+        out[2 * n] = int(self.needs_block)
+        return out
+
+    def adopt(self, code: np.ndarray) -> "StepPlan":
+        """Take another rank's decisions (`encode` of its plan for the same requests) in place; the lookups stay this
+        rank's (pure functions of the same tokens). -> self."""
+        n = len(self.sources)
+        if len(code) != 2 * n + 1:
+            raise ValueError(f"plan code of length {len(code)} for {n} requests: the TP ranks disagree on the batch")
+        self.sources = [PLAN_SOURCES[int(c)] for c in code[:n]]
+        self.ks = [int(k) for k in code[n: 2 * n]]
+        self.run_block = bool(code[2 * n])
+        return self
 
 
 def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
@@ -176,6 +207,8 @@ class AdaptiveController:
             if src == "none":
                 continue
             toks = self._tokens(src, plan.lookups[i], block[i] if block is not None else None)
+            if not len(toks):
+                continue
             out[i, : len(toks)] = toks
             out[i, len(toks):] = toks[-1]
             self._pending[rid] = _Pending(0, out[i].copy(), src)
@@ -230,9 +263,11 @@ class AdaptiveController:
         return best
 
     def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:
-        """The full proposal of a source: [k_max] (prompt lookup alone: [m])."""
+        """The full proposal of a source: [k_max] (prompt lookup alone: [m]). Without a block (only possible on a TP
+        rank whose own plan differed from the adopted one, which would be a bug; that rank's drafts are dropped) a
+        DFlash proposal is empty."""
         if src == "dflash":
-            return block
+            return block if block is not None else np.zeros(0, dtype=np.int64)
         if src == "ngram":
             return lookup
         return merge(lookup, block, self.k_max)

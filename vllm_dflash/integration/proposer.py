@@ -19,6 +19,13 @@ per-request lists (variable length). Under overlap (async) scheduling the length
 Async-scheduling rule (vLLM MRv2's invariant): inputs keep the target's token count, rejected
 positions are padding, `num_rejected_tokens` stays a device tensor; `propose` does no host sync
 (no .item() / .tolist(); timings use CUDA events resolved a step later on GPU).
+
+Tensor parallelism (docs/TP.md, dev/TP_DESIGN.md): every TP rank runs this drafter on the same inputs; the draft's
+layers are vLLM's parallel layers in the target's TP group (per-rank KV heads, all-reduced / all-gathered outputs),
+so the fixed-block path is rank-consistent by construction. Adaptive drafting plans on each rank with the rank's own
+clock, and the draft forward holds collectives, so TP rank 0's plan is broadcast and adopted by every rank before
+the forward is decided (`sync_plan_across_tp`; nothing at TP = 1). Only TP rank 0 (vLLM's output rank) publishes
+our metrics: merged snapshots are summed.
 """
 from __future__ import annotations
 
@@ -71,6 +78,50 @@ class _StepTimer:
         self._pending = keep
 
 
+def _tp_group():
+    """vLLM's tensor-parallel group of this worker when TP > 1; None at TP = 1 (and without vLLM's distributed
+    state, e.g. a drafter built by a test)."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+
+        if not model_parallel_is_initialized():
+            return None
+        group = get_tp_group()
+    except Exception:  # noqa: BLE001 - no distributed state: a single rank
+        return None
+    return group if group.world_size > 1 else None
+
+
+def _is_output_rank() -> bool:
+    """Is this worker the one whose output reaches the scheduler (TP rank 0 of the last PP stage, vLLM's
+    `_get_output_rank`)? True without vLLM's distributed state."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group, model_parallel_is_initialized
+
+        if not model_parallel_is_initialized():
+            return True
+        return get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank
+    except Exception:  # noqa: BLE001 - no distributed state: a single rank
+        return True
+
+
+def sync_plan_across_tp(plan, group):
+    """Every TP rank adopts TP rank 0's adaptive plan (sources, lengths, whether the draft forward runs), so the
+    forward, with its all-reduces / all-gathers, runs on every rank or on none, whatever made the plans differ (each
+    rank's own wall clock today). One [2 * B + 1] int64 broadcast over the TP CPU group (gloo; no device sync).
+    group None (TP = 1): the plan as it is, no communication.
+
+    Invariant: every rank of the group reaches this call at the same drafting step (the batch, K and the query
+    tokens are identical on all ranks, so the drafter's early returns are too). -> the plan (adopted in place)."""
+    if group is None:
+        return plan
+    code = torch.from_numpy(plan.encode())
+    torch.distributed.broadcast(code, src=group.ranks[0], group=group.cpu_group)
+    if group.rank_in_group != 0:
+        plan.adopt(code.numpy())
+    return plan
+
+
 class DFlashDrafter(DFlashProposer):
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner)
@@ -78,11 +129,18 @@ class DFlashDrafter(DFlashProposer):
         self.dflash = DFlashConfig.from_hf_config(spec.draft_model_config.hf_config.to_dict())
         self.dflash.check_target(vllm_config.model_config.hf_config)
         self.dflash.check_num_speculative_tokens(self.num_speculative_tokens)
+        from vllm_dflash.integration.validation import check_tensor_parallel
+
+        self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+        check_tensor_parallel(self.dflash, self.tp_size, getattr(spec, "draft_tensor_parallel_size", None))
+        self._tp = _tp_group()  # None at TP = 1: no plan broadcast
         # per-deployment settings: resolved by the front end into vllm_config.additional_config["dflash"]
         self.settings = settings.from_vllm_config(vllm_config)
         self.diffusion_steps = self.settings.diffusion_steps or self.dflash.diffusion_steps
         self.confidence_threshold = self.settings.confidence_threshold
-        self.metrics = MetricsSink.get()
+        # only the output rank publishes (merged() sums snapshots: TP = 2 would count every event twice)
+        self.metrics = MetricsSink.get() if _is_output_rank() else MetricsSink.disabled()
+        self._plan_diverged = False  # logged once per process
         self.timer = _StepTimer(torch.device(device))
         self.metrics.set("diffusion_steps", self.diffusion_steps)
         self.metrics.set("block_size", self.num_speculative_tokens + 1)
@@ -128,8 +186,27 @@ class DFlashDrafter(DFlashProposer):
         if not isinstance(self._inner(), DFlashDraftForVllm):
             raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
                                "model registration overridden? (check VLLM_PLUGINS)")
+        self._check_tp_shards()
         if settings.process_setting("profile"):
             self._time_target_forward(target_model)
+
+    def _check_tp_shards(self) -> None:
+        """Load-time invariants of the sharded draft (dev/TP_DESIGN.md 1a): each rank holds its own KV heads
+        (total // TP, or one replica when TP exceeds them), and our fused injection weights are this rank's
+        shard ([layers * 2 * local KV heads * head_dim] rows, checked by KVInjectionWeights)."""
+        model = self._inner().model
+        attn = model.layers[0].self_attn
+        expected = max(1, self.dflash.num_key_value_heads // self.tp_size)
+        if attn.num_kv_heads != expected or attn.total_num_kv_heads != self.dflash.num_key_value_heads:
+            raise RuntimeError(
+                f"vllm_dflash: the draft's attention holds {attn.num_kv_heads} of {attn.total_num_kv_heads} KV heads "
+                f"on this rank; expected {expected} of {self.dflash.num_key_value_heads} at tensor_parallel_size="
+                f"{self.tp_size}. Is speculative_config.draft_tensor_parallel_size different from "
+                "tensor_parallel_size? (omit it)")
+        w = self._inner().injection_weights()
+        if w is not None and w.num_kv_heads != expected:
+            raise RuntimeError(f"vllm_dflash: KV injection weights for {w.num_kv_heads} KV heads on this rank; the "
+                               f"draft's attention has {expected} (tensor_parallel_size={self.tp_size})")
 
     def _time_target_forward(self, target_model) -> None:
         """DFLASH_PROFILE=1 (the serving benchmark sets it): time every target forward into the histogram
@@ -214,11 +291,14 @@ class DFlashDrafter(DFlashProposer):
             hidden = run_model()
             sample_hidden = hidden[sample_idx]  # [B * K, H], request-major
             if s == steps - 1:
-                if steps == 1:
+                if steps == 1 and (self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy):
                     drafts, probs = self._sample_draft_tokens(sample_hidden, sampling_metadata)
                     if probs is not None:
                         self._last_draft_probs = probs.view(-1, K, probs.shape[-1]).contiguous()
                     drafts = drafts.view(-1, K)
+                elif steps == 1:  # one-hot drafts: the argmax over the draft vocabulary, mapped to target ids (vLLM's
+                    # greedy path first spreads the draft logits over the whole target vocabulary: 4x the time on CPU)
+                    drafts = model.draft_argmax(sample_hidden).view(-1, K)
                 else:  # greedy completion of the still-masked positions (one-hot drafts stay lossless)
                     tok = model.draft_argmax(sample_hidden).view(-1, K)
                     drafts = torch.where(fixed, prev, tok)
@@ -279,12 +359,27 @@ class DFlashDrafter(DFlashProposer):
             rows.append(i)
         plan = self.controller.plan(req_ids, hists, query_tokens=qsl[B], decode_only=decode_only,
                                     extra_tokens=prefill_tokens)
+        plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
         planned = self.controller.propose(plan, self._block(draft, rows) if plan.needs_block else None)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
             out[i] = toks
         self.metrics.flush()
         return out
+
+    def _sync(self, plan):
+        """TP rank 0's plan on every rank (`sync_plan_across_tp`); at TP = 1 the plan unchanged, no communication."""
+        if self._tp is None:
+            return plan
+        if self._tp.rank_in_group == 0:
+            return sync_plan_across_tp(plan, self._tp)
+        own = (list(plan.sources), list(plan.ks), plan.needs_block)
+        plan = sync_plan_across_tp(plan, self._tp)
+        if not self._plan_diverged and own != (plan.sources, plan.ks, plan.needs_block):
+            self._plan_diverged = True
+            logger.info("vllm_dflash: TP rank %d's adaptive plan differed from TP rank 0's (each rank times steps "
+                        "with its own clock); every rank follows rank 0's plan (logged once)", self._tp.rank_in_group)
+        return plan
 
     def _adaptive_overlap(self, draft, K, target_token_ids, target_positions, next_token_ids, cad,
                           num_rejected) -> torch.Tensor:
@@ -328,6 +423,8 @@ class DFlashDrafter(DFlashProposer):
             req_ids.append(rid)
         if rows and K:
             plan = self.controller.plan_overlap(req_ids, hists, verified)
+            # no clock here (the lengths are the scheduler's, one process), but the same insurance as _adaptive
+            plan = self._sync(plan)
             block = self._block(draft, rows) if plan.needs_block else None
             out[rows] = self.controller.propose_overlap(plan, block, out[rows, 0])
         elif rows:

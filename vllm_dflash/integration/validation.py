@@ -39,8 +39,49 @@ def attention_head_sizes() -> list[int] | None:
     return None
 
 
-def validate_dflash_spec(spec: dict[str, Any], target_hf_config: Any) -> DFlashConfig:
-    """Check a speculative-config dict (method dflash) against the target. Returns the parsed draft config."""
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def valid_tp_sizes(heads: int, kv_heads: int) -> list[int]:
+    """Tensor-parallel sizes a (draft) model with these head counts can be sharded over."""
+    return [t for t in _divisors(heads) if (kv_heads % t == 0 if kv_heads >= t else t % kv_heads == 0)]
+
+
+def check_tensor_parallel(cfg: DFlashConfig, tp_size: int, draft_tp_size: int | None = None) -> None:
+    """The draft can be sharded over `tp_size` ranks (vLLM's rules, qwen3_dflash.py: q heads divide by TP; KV heads
+    divide by TP or TP by them, replicated then), and it runs in the target's TP group (DFlashConfigError naming the
+    field and the fix). Our drafter's draft layers are vLLM's parallel layers, which shard over the global TP group
+    whatever `draft_tensor_parallel_size` says, so a different draft TP size is refused rather than ignored."""
+    tp = int(tp_size or 1)
+    if draft_tp_size is not None and int(draft_tp_size) != tp:
+        raise DFlashConfigError(
+            "speculative_config.draft_tensor_parallel_size",
+            f"{draft_tp_size} with tensor_parallel_size={tp}: our DFlash drafter runs in the target's tensor-parallel "
+            "group (its attention heads are sharded like the target's)",
+            f"omit draft_tensor_parallel_size or set it to {tp}")
+    if tp <= 1:
+        return
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if heads % tp:
+        raise DFlashConfigError(
+            "num_attention_heads (draft config.json)",
+            f"the draft's {heads} attention heads do not divide by tensor_parallel_size={tp} (each rank holds "
+            f"heads / TP of them)",
+            f"serve with a tensor_parallel_size in {valid_tp_sizes(heads, kv)}, or use a draft whose "
+            f"num_attention_heads divides by {tp}")
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise DFlashConfigError(
+            "num_key_value_heads (draft config.json)",
+            f"the draft's {kv} KV heads cannot be split over tensor_parallel_size={tp} (they must divide by it, or "
+            f"it by them: then each rank holds a replica)",
+            f"serve with a tensor_parallel_size in {valid_tp_sizes(heads, kv)}, or use a "
+            f"draft whose num_key_value_heads divides by {tp}")
+
+
+def validate_dflash_spec(spec: dict[str, Any], target_hf_config: Any, tp_size: int | None = None) -> DFlashConfig:
+    """Check a speculative-config dict (method dflash) against the target (and, given the target's
+    tensor_parallel_size, that the draft can be sharded like it). Returns the parsed draft config."""
     model = spec.get("model")
     if not model:
         raise DFlashConfigError("speculative_config.model", "is missing", "pass the DFlash draft folder as 'model'")
@@ -66,4 +107,6 @@ def validate_dflash_spec(spec: dict[str, Any], target_hf_config: Any) -> DFlashC
     if sizes is not None and cfg.head_dim not in sizes:
         raise DFlashConfigError("head_dim", f"{cfg.head_dim} is not supported by this platform's attention backend "
                                 f"(supported: {sizes})", "use a draft whose head_dim the backend supports")
+    if tp_size is not None:
+        check_tensor_parallel(cfg, tp_size, spec.get("draft_tensor_parallel_size"))
     return cfg

@@ -117,4 +117,5 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
 
     def draft_argmax(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> argmax as target ids [N] (no softmax: the last denoising pass)."""
-        return self._to_target_ids(self.logits_processor(self.lm_head, hidden_states).argmax(dim=-1))
+        # max().indices: the same index as argmax (first maximum), 3.5-4.5x faster on CPU (dev/PROFILE_18.md)
+        return self._to_target_ids(self.logits_processor(self.lm_head, hidden_states).max(dim=-1).indices)

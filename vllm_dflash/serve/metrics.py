@@ -3,10 +3,12 @@
 
 vLLM's drafter runs in the worker process and the scheduler in the engine-core process, while
 `/metrics` is served by the API server. Each process that produces our metrics keeps them in a
-`MetricsSink` and writes a snapshot (JSON, atomic rename, at most every `FLUSH_INTERVAL_S`; a throttled
-flush is deferred, so the last change reaches the snapshot within `FLUSH_INTERVAL_S` even when idle) into
+`MetricsSink` and writes a snapshot (JSON, atomic rename, from a flusher thread at most every `FLUSH_INTERVAL_S`,
+so the last change reaches the snapshot within about `FLUSH_INTERVAL_S` even when idle) into
 $DFLASH_METRICS_DIR. The API server's `DFlashCollector` (a prometheus_client custom collector
-registered by the plugin) merges all snapshots on every scrape. The directory is created by the
+registered by the plugin) merges all snapshots on every scrape (counters and histograms are summed, so each event
+must be published by one process only: under tensor parallelism only TP rank 0's drafter publishes, the other
+ranks get `MetricsSink.disabled()`, see integration/proposer.py). The directory is created by the
 first process that loads the plugin (the API server) and inherited by the processes it spawns (the one setting
 this package writes to the environment: a folder shared by processes has no vLLM config channel).
 
@@ -117,10 +119,10 @@ class MetricsSink:
         self.hists = {k: _Hist(b) for k, (_, b) in HISTOGRAMS.items()}
         self.gauges = {k: 0.0 for k in GAUGES}
         self.counters = {k: 0.0 for k in COUNTERS}
-        self._last_flush = 0.0
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._dirty = False
+        self._flusher_pid: int | None = None  # the process whose flusher thread runs (none yet: None)
         d = _env_dir()
         self.path = Path(d) / f"proc-{os.getpid()}.json" if d else None
 
@@ -128,7 +130,18 @@ class MetricsSink:
     def get(cls) -> "MetricsSink":
         if cls._instance is None:
             cls._instance = MetricsSink()
+        elif cls._instance.path is not None and cls._instance.path.name != f"proc-{os.getpid()}.json":
+            cls._instance = MetricsSink()  # a forked child: its own snapshot file, not the parent's
         return cls._instance
+
+    @classmethod
+    def disabled(cls) -> "MetricsSink":
+        """A sink that accumulates but never writes a snapshot (`flush` is a no-op): for a process whose events
+        another process already publishes (a TP rank other than 0: merged() sums snapshots, so TP=2 would double
+        every counter and histogram)."""
+        sink = cls()
+        sink.path = None
+        return sink
 
     def observe(self, name: str, value: float, n: int = 1) -> None:
         with self._lock:
@@ -147,35 +160,42 @@ class MetricsSink:
                     "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time()}
 
     def flush(self, force: bool = False) -> None:
-        """Write a snapshot, at most every FLUSH_INTERVAL_S; a throttled flush is deferred (not dropped), so the
-        snapshot on disk catches up with the last observation even when the server goes idle right after it."""
+        """Publish the current values: force -> write a snapshot now, on this thread; otherwise mark them changed and
+        leave the write to this process's flusher thread (one, started on first use), which writes at most every
+        FLUSH_INTERVAL_S, so the snapshot catches up within about FLUSH_INTERVAL_S even when the server goes idle
+        right after. The drafter calls this every step: no I/O and no lock wait on the serving thread (the old
+        throttle took a lock the writing timer thread held, 2-5 ms a step under load: dev/PROFILE_18.md)."""
         if self.path is None:
             return
-        wait = FLUSH_INTERVAL_S - (time.monotonic() - self._last_flush)
-        if not force and wait > 0:
-            self._defer(wait)
+        if force:
+            self._write()
             return
+        self._dirty = True
+        if self._flusher_pid != os.getpid():  # none yet in this process (or inherited through a fork: not running)
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
         with self._io_lock:
-            self._last_flush = time.monotonic()
+            if self._flusher_pid == os.getpid():
+                return
+            self._flusher_pid = os.getpid()
+            threading.Thread(target=self._flush_loop, name="dflash-metrics-flush", daemon=True).start()
+
+    def _flush_loop(self) -> None:
+        while True:
+            time.sleep(FLUSH_INTERVAL_S)
+            if self._dirty:
+                self._dirty = False  # before the snapshot: a change after it is written on the next round
+                self._write()
+
+    def _write(self) -> None:
+        with self._io_lock:
             tmp = self.path.with_suffix(".tmp")
             try:
                 tmp.write_text(json.dumps(self.snapshot()))
                 os.replace(tmp, self.path)
             except OSError:
                 pass  # metrics must never break serving
-
-    def _defer(self, delay: float) -> None:
-        with self._io_lock:
-            if self._timer is not None and self._timer.is_alive():
-                return  # the pending flush has not taken its snapshot yet: it will include this change
-            self._timer = threading.Timer(delay, self._deferred_flush)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _deferred_flush(self) -> None:
-        with self._io_lock:
-            self._timer = None  # before the snapshot: a change after it schedules a new flush
-        self.flush(force=True)
 
 
 def read_snapshots(directory: str | Path | None = None) -> list[dict]:
