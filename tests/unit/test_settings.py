@@ -162,17 +162,15 @@ def test_stored_settings_win_over_a_later_environment(monkeypatch):
     assert selected_drafter(cfg) == "ours" and selected_drafter() == "vllm"
 
 
-def test_validation_pop_plugin_keys_validates_without_touching_the_environment(monkeypatch):
-    from vllm_dflash.integration import validation as v
-
+def test_spec_keys_are_popped_and_validated_without_touching_the_environment(monkeypatch):
     before = dict(os.environ)
     spec = {"method": "dflash", "model": "d", "diffusion_steps": 2, "adaptive": True}
-    assert v.pop_plugin_keys(spec) == {"diffusion_steps": 2, "adaptive": True}
+    assert S.pop_spec_keys(spec) == {"diffusion_steps": 2, "adaptive": True}
     assert spec == {"method": "dflash", "model": "d"} and dict(os.environ) == before
     monkeypatch.setenv("DFLASH_DIFFUSION_STEPS", "nonsense")  # the environment is not what is validated here
-    assert v.pop_plugin_keys({"diffusion_steps": 3}) == {"diffusion_steps": 3}
-    assert set(v.PLUGIN_KEYS) == {"adaptive", "diffusion_steps", "confidence_threshold", "overlap", "kv_injection",
-                                  "drafter"}
+    assert S.resolve(S.pop_spec_keys({"diffusion_steps": 3}), environ={}).diffusion_steps == 3
+    assert set(S.SPEC_KEYS) == {"adaptive", "diffusion_steps", "confidence_threshold", "overlap", "kv_injection",
+                                "drafter"}
 
 
 def test_overlap_decision_reads_the_config():

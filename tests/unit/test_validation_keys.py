@@ -6,14 +6,21 @@ import os
 import pytest
 
 from vllm_dflash.config import DFlashConfigError
-from vllm_dflash.integration import validation as v
+from vllm_dflash import settings as S
+
+
+def _pop(spec: dict) -> dict:
+    """What the front-end patch does with a speculative config: pop our keys, then validate them."""
+    ours = S.pop_spec_keys(spec)
+    S.resolve(ours, environ={})
+    return ours
 
 
 def test_plugin_keys_are_popped_and_not_published():
     before = dict(os.environ)
     spec = {"method": "dflash", "model": "d", "diffusion_steps": 2}
-    assert v.pop_plugin_keys(spec) == {"diffusion_steps": 2} and "diffusion_steps" not in spec
-    v.pop_plugin_keys({"method": "dflash", "model": "d"})  # a later LLM(...) without the key
+    assert _pop(spec) == {"diffusion_steps": 2} and "diffusion_steps" not in spec
+    _pop({"method": "dflash", "model": "d"})  # a later LLM(...) without the key
     assert dict(os.environ) == before
 
 
@@ -21,4 +28,4 @@ def test_plugin_keys_are_popped_and_not_published():
                                         ("confidence_threshold", 0.0), ("confidence_threshold", 2)])
 def test_plugin_key_validation(key, value):
     with pytest.raises(DFlashConfigError, match=key):
-        v.pop_plugin_keys({key: value})
+        _pop({key: value})

@@ -41,6 +41,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_dflash import settings
 from vllm_dflash.config import DFlashConfig
+from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
 from vllm_dflash.serve.metrics import MetricsSink
 
 logger = init_logger(__name__)
@@ -436,9 +437,6 @@ class DFlashDrafter(DFlashProposer):
                 del self._seen[r]
         self.metrics.flush()
         return torch.from_numpy(out).to(next_token_ids.device)
-
-
-ADAPTIVE_SCHEDULER = "vllm_dflash.integration.async_scheduler.AdaptiveAsyncScheduler"
 
 
 def adaptive_mode(vllm_config=None) -> str | None:

@@ -10,19 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from vllm_dflash.config import SUPPORTED_BLOCK_SIZES, WEIGHTS_NAME, DFlashConfig, DFlashConfigError
-from vllm_dflash.settings import SPEC_KEYS, pop_spec_keys, resolve
-
-# Our extra speculative-config keys (-> their DFLASH_* env var): stripped before vLLM's (strict) SpeculativeConfig
-# sees them; resolved into VllmConfig.additional_config["dflash"] (vllm_dflash/settings.py, docs/CONFIGURATION.md).
-PLUGIN_KEYS = SPEC_KEYS
-
-
-def pop_plugin_keys(spec: dict[str, Any]) -> dict[str, Any]:
-    """Remove our keys from a speculative-config dict and validate them (DFlashConfigError naming
-    `speculative_config.<key>`). Returns them as written; `settings.resolve` turns them into settings."""
-    ours = pop_spec_keys(spec)
-    resolve(ours, environ={})
-    return ours
 
 
 def attention_head_sizes() -> list[int] | None:

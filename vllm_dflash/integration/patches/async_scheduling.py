@@ -29,7 +29,7 @@ def use_adaptive_scheduler(vllm_config) -> None:
     """Adaptive drafting under async scheduling: each request's draft length is the scheduler's decision, so our
     drafter comes with our AsyncScheduler subclass, set through vLLM's own `scheduler_config.scheduler_cls`
     (a user's explicit class is kept; the drafter then refuses to start with a clear error)."""
-    from vllm_dflash.integration.proposer import ADAPTIVE_SCHEDULER
+    from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
 
     sched, spec = vllm_config.scheduler_config, vllm_config.speculative_config
     if not (sched.async_scheduling and sched.scheduler_cls is None and spec is not None and spec.method == "dflash"):
