@@ -91,6 +91,17 @@ def _pos_int_or_none(raw: Any) -> int | None:
     raise ValueError
 
 
+def _pos_float(raw: Any) -> float:
+    if isinstance(raw, str):
+        try:
+            raw = float(raw)
+        except ValueError:
+            raise ValueError from None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and float(raw) > 0.0:
+        return float(raw)
+    raise ValueError
+
+
 def _unit_float(raw: Any) -> float:
     if isinstance(raw, str):
         try:
@@ -208,6 +219,11 @@ class ProcessSettings:
     skip_version_check: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
         doc="Apply the patches on a vLLM other than 0.32.x (at your own risk; docs/CONTRACTS.md).", fix="use 1 or 0")
+    ray_pg_timeout: float = _setting(
+        300.0, type="float", allowed="> 0 (seconds)", shown_default="300", parse=_pos_float, spec_key=False,
+        doc="`--distributed-executor-backend ray` on CPU: how long the Ray executor waits for its placement group "
+            "(one CPU bundle per tensor-parallel rank) before failing with a message (docs/TP.md).",
+        fix="use a number of seconds > 0")
     dtype: str | None = _setting(
         None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
         "float32", parse=_dtype, spec_key=False,

@@ -55,7 +55,6 @@ logger = init_logger(__name__)
 OMP_KEYS = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY", "KMP_BLOCKTIME",
             "KMP_TPAUSE")
 PLUGIN_ENV_PREFIXES = (settings.ENV_PREFIX, settings.DEPRECATED_ENV_PREFIX)  # Ray does not copy them to actors
-PG_READY_TIMEOUT_S = float(os.environ.get("DFLASH_RAY_PG_TIMEOUT", "300"))
 
 
 class RayCpuWorkerProc(RayWorkerProc):
@@ -128,11 +127,12 @@ class RayCpuExecutor(RayExecutorV2):
                        for r in range(self.world_size)]
             bundles[0][f"node:{get_ip()}"] = 0.001  # rank 0 (metrics, shared memory with the engine) on this node
             pg = placement_group(bundles, strategy="PACK")
-            ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
+            pg_timeout = settings.process_setting("ray_pg_timeout")
+            ready, _ = ray.wait([pg.ready()], timeout=pg_timeout)
             if not ready:
                 ray.util.remove_placement_group(pg)
                 raise RuntimeError(
-                    f"vllm_dflash RayCpuExecutor: placement group {bundles} not ready after {PG_READY_TIMEOUT_S:.0f} s; "
+                    f"vllm_dflash RayCpuExecutor: placement group {bundles} not ready after {pg_timeout:.0f} s; "
                     f"Ray has {ray.cluster_resources()}. Fix: start Ray with enough CPUs (ray start --num-cpus N) or "
                     "give each rank fewer cores in VLLM_CPU_OMP_THREADS_BIND")
             self._owned_pg = pg
