@@ -1,0 +1,413 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The table of every vLLM symbol, signature and private attribute vllm_dflash relies on (`CONTRACTS`): data only.
+integration/seam.py checks it at registration and renders docs/CONTRACTS.md from it. Imports neither vLLM nor torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("module", "class", "function", "method", "attribute")
+# serve: needed to run DFlash (checked at registration: a problem disables DFlash); ray: RayCpuExecutor's internals
+# (used only with backend "ray" on CPU; importing them imports ray, too slow for every process); tests: read by tests
+# and benchmarks only. ray and tests are checked by `--check` and tests/vllm/test_seam.py, never at registration.
+SCOPES = ("serve", "ray", "tests")
+
+
+@dataclass(frozen=True)
+class Sig:
+    """A method of a class contract: its parameter names (self / cls dropped). exact: we override or replace it with
+    a function of our own (the names must match one for one); otherwise we call it (our names must still be
+    parameters, in this order, and any new parameter must be optional)."""
+
+    name: str
+    params: tuple[str, ...]
+    exact: bool = False
+
+
+@dataclass(frozen=True)
+class Contract:
+    symbol: str  # "module" or "module:Qual.name" (rendered dotted)
+    kind: str  # one of KINDS
+    ours: str  # our file(s) relying on it
+    use: str  # how we use it
+    contract: str  # what we rely on
+    params: tuple[str, ...] | None = None  # function / method: parameter names (self / cls dropped)
+    exact: bool = False  # params must match one for one (we override / replace it)
+    methods: tuple[Sig, ...] = ()  # class: methods we call or override
+    # members that must exist: on a class (class attribute, property, dataclass field, or `self.<name>` assigned in a
+    # method of the class or a vLLM base class); on a method's class; on a module or an object
+    attrs: tuple[str, ...] = ()
+    source: tuple[str, ...] = ()  # text that must appear in the function's source (else in its module's source)
+    patch: str | None = None  # the module in integration/patches/ that patches it (the ledger)
+    test: str = ""  # the test that shows the contract holds / why the patch is needed
+    scope: str = "serve"
+
+    @property
+    def dotted(self) -> str:
+        return self.symbol.replace(":", ".")
+
+
+_ADAPTIVE_TEST = "tests/vllm/test_vllm_adaptive.py"
+_KV_TEST = "tests/vllm/test_kv_injection_vllm.py"
+
+CONTRACTS: tuple[Contract, ...] = (
+    # ---------------------------------------------------------------- plugin loading
+    Contract(
+        "vllm.plugins", "module", "setup.py, vllm_dflash/__init__.py",
+        "entry-point group `vllm.general_plugins`: `vllm_dflash = vllm_dflash:register`",
+        "`load_general_plugins()` calls it in every process (API server, engine core, worker) before the worker class "
+        "is resolved; an exception from a plugin propagates into vLLM, so `register()` never raises for a vLLM that "
+        "fails this table: it warns and only makes configuring DFlash fail",
+        attrs=("load_general_plugins",), source=('"vllm.general_plugins"',), test="tests/unit/test_package.py"),
+    # ---------------------------------------------------------------- drafter
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:DFlashProposer", "attribute", "integration/proposer.py",
+        "bound to `DFlashProposerSwitch`, building our `DFlashDrafter` or vLLM's (setting `drafter`)",
+        "the runner constructs its drafter from this module global (`DFlashProposer(self.vllm_config, self.device, "
+        "self)`) and otherwise only uses it in `isinstance` checks; `CPUModelRunner` inherits the V1 runner",
+        source=("DFlashProposer(self.vllm_config, self.device, self)",), patch="drafter_class",
+        test="tests/vllm/test_vllm_drafter.py::test_our_drafter_is_active_and_logged"),
+    Contract(
+        "vllm.v1.spec_decode.dflash:DFlashProposer", "class", "integration/proposer.py",
+        "base class of `DFlashDrafter` (input kernel, attention metadata, draft KV cache, sampling)",
+        "`set_inputs_first_pass` writes query ids / positions / slots for [bonus, MASK x K] per request and returns a "
+        "new `CommonAttentionMetadata`; `build_model_inputs_first_pass` calls `model.precompute_and_store_context_kv`; "
+        "`propose` has the signature of `SpecDecodeBaseProposer.propose`; `input_ids` is the draft's input buffer "
+        "(re-masked between denoising passes). `load_model(target_model)`: with `DFLASH_PROFILE=1` we wrap that "
+        "instance's `forward` with a host timer (CPU, `enforce_eager`: the runner calls this module once per engine "
+        "step; tests/vllm/test_vllm_serve.py)",
+        methods=(Sig("__init__", ("vllm_config", "device", "runner"), exact=True),
+                 Sig("set_inputs_first_pass", ("target_token_ids", "next_token_ids", "target_positions",
+                                               "target_hidden_states", "token_indices_to_sample", "cad",
+                                               "num_rejected_tokens_gpu")),
+                 Sig("build_per_group_and_layer_attn_metadata", ("cad",)),
+                 Sig("build_model_inputs_first_pass", ("num_tokens", "num_input_tokens", "mm_embed_inputs")),
+                 Sig("_determine_batch_execution_and_padding", ("num_tokens",)),
+                 Sig("_get_slot_mapping", ("num_tokens", "slot_mapping")),
+                 Sig("_sample_draft_tokens", ("hidden_states", "sampling_metadata")),
+                 Sig("load_model", ("target_model",), exact=True),
+                 Sig("propose", ("num_speculative_tokens", "target_token_ids", "target_positions",
+                                 "target_hidden_states", "next_token_ids", "token_indices_to_sample",
+                                 "common_attn_metadata", "sampling_metadata", "mm_embed_inputs",
+                                 "num_rejected_tokens_gpu", "slot_mappings"), exact=True)),
+        attrs=("vllm_config", "model", "input_ids", "parallel_drafting_token_id", "num_speculative_tokens",
+               "_enable_probabilistic_draft_probs", "_last_draft_probs"),
+        test="tests/vllm/test_vllm_drafter.py"),
+    Contract(
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM", "class", "integration/vllm_model.py",
+        "base class of `DFlashDraftForVllm` (the V1 proposer asserts it); `combine_hidden_states` = fc; reduced "
+        "vocabulary through `draft_id_to_target_id` (d2t offsets)",
+        "paged-KV attention, weight loading and TP sharding are vLLM's; we override `precompute_and_store_context_kv` "
+        "(KV injection) and read `logits_processor`, `lm_head`",
+        methods=(Sig("__init__", ("*", "vllm_config", "prefix"), exact=True),
+                 Sig("load_weights", ("weights",), exact=True),
+                 Sig("precompute_and_store_context_kv", ("context_states", "context_positions",
+                                                         "context_slot_mapping"), exact=True),
+                 Sig("combine_hidden_states", ("hidden_states",))),
+        attrs=("model", "logits_processor", "lm_head", "draft_id_to_target_id"),
+        test="tests/vllm/test_vllm_drafter.py"),
+    Contract(
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model", "class", "integration/vllm_model.py",
+        "our fused KV injection reads vLLM's stacked buffers (`_build_fused_kv_buffers()`) as its weights and the "
+        "draft's attention layers (`_attn_layers[i].impl`, `.kv_cache`)",
+        "`_fused_kv_weight` [L*2*nkv*hd, H] (None when quantized), `_fused_kv_bias` (None without bias), "
+        "`_k_norm_weights`, `_hidden_norm_weight`, `_rope_cos_sin_cache`, `_rope_is_neox`, `_num_attn_layers`, "
+        "`_num_kv_heads`, `_head_dim`, `_rms_norm_eps`",
+        methods=(Sig("_build_fused_kv_buffers", ()),),
+        attrs=("layers", "_attn_layers", "_fused_kv_weight", "_fused_kv_bias", "_k_norm_weights",
+               "_hidden_norm_weight", "_rope_cos_sin_cache", "_rope_is_neox", "_num_attn_layers", "_num_kv_heads",
+               "_head_dim", "_rms_norm_eps"),
+        test=_KV_TEST),
+    Contract(
+        "vllm.model_executor.models.qwen3_dflash", "module", "vllm_dflash/model.py (checkpoint format)",
+        "the draft checkpoint format: `architectures: [\"DFlashDraftModel\"]`, `model_type: \"qwen3\"`, `block_size`, "
+        "`num_target_layers`, `dflash_config.{mask_token_id,target_layer_ids}`, optional `draft_vocab_size` + "
+        "`lm_head.weight` + `d2t`",
+        "what `qwen3_dflash.py` loads (`d2t` renamed to `draft_id_to_target_id`)",
+        source=('"d2t"',), test="tests/vllm/test_vllm_upstream_compat.py"),
+    Contract(
+        "vllm:ModelRegistry.register_model", "method", "integration/patches/__init__.py",
+        "`register_model(\"DFlashDraftModel\", \"vllm_dflash.integration.vllm_model:DFlashDraftForVllm\")`",
+        "maps the architecture name to a `module:Class` string, loaded lazily",
+        params=("model_arch", "model_cls"), test="tests/vllm/test_vllm_package.py"),
+    Contract(
+        "vllm.transformers_utils.configs.eagle:EAGLEConfig", "class", "integration/proposer.py, vllm_dflash/config.py",
+        "the drafter re-parses `DFlashConfig` from `draft_model_config.hf_config.to_dict()` and re-checks the target",
+        "keeps architecture names starting with `DFlash`, and `dflash_config`, `block_size`, `num_target_layers` and "
+        "the Qwen3 fields",
+        source=('arch.startswith("DFlash")',), test="tests/vllm/test_vllm_drafter.py"),
+    Contract(
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Attention", "class", "integration/proposer.py",
+        "`_check_tp_shards`: `model.layers[0].self_attn.num_kv_heads` / `.total_num_kv_heads`",
+        "per-rank and total KV heads of the sharded draft (total // TP, or one replica when TP exceeds them)",
+        attrs=("num_kv_heads", "total_num_kv_heads"), test="tests/vllm/test_tp.py"),
+    # ---------------------------------------------------------------- tensor parallelism
+    Contract(
+        "vllm.distributed.parallel_state", "module", "integration/proposer.py",
+        "`model_parallel_is_initialized()`, `get_tp_group()`, `get_pp_group()`: TP rank 0 broadcasts the adaptive "
+        "plan over `group.cpu_group` from `group.ranks[0]`; only the output rank publishes our metrics",
+        "the groups exist in every worker once model parallelism is initialised; TP rank 0 of the last PP stage is "
+        "vLLM's output rank", attrs=("model_parallel_is_initialized", "get_tp_group", "get_pp_group"),
+        test="tests/vllm/test_tp.py"),
+    Contract(
+        "vllm.distributed.parallel_state:GroupCoordinator", "class", "integration/proposer.py",
+        "the TP / PP group of the worker", "`world_size`, `rank_in_group`, `ranks` (global ranks), `cpu_group` "
+        "(gloo), `is_last_rank`",
+        attrs=("world_size", "rank_in_group", "ranks", "cpu_group", "is_last_rank"), test="tests/vllm/test_tp.py"),
+    Contract(
+        "vllm.config:ParallelConfig", "class", "integration/proposer.py, integration/patches/ray_cpu.py, "
+        "integration/ray_cpu_executor.py",
+        "`tensor_parallel_size` (draft sharding checks), `distributed_executor_backend` (\"ray\" on CPU -> our "
+        "executor), `local_world_size`, `placement_group`, `ray_runtime_env`",
+        "vLLM's own fields, pickled with the config",
+        attrs=("tensor_parallel_size", "distributed_executor_backend", "local_world_size", "placement_group",
+               "ray_runtime_env"), test="tests/vllm/test_tp.py"),
+    Contract(
+        "vllm.v1.executor.abstract:Executor.get_class", "method", "integration/patches/ray_cpu.py",
+        "wrapped (a staticmethod): backend \"ray\" on the CPU platform returns our `RayCpuExecutor`",
+        "`VllmConfig.__post_init__` asks it which executor runs (async-scheduling support) before the platform hook; "
+        "a qualname string backend is resolved here too",
+        params=("vllm_config",), exact=True, patch="ray_cpu",
+        test="tests/vllm/test_tp.py::test_ray_backend_on_cpu_selects_ray_cpu_executor"),
+    # ---------------------------------------------------------------- attention / KV cache
+    Contract(
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl", "class", "integration/vllm_model.py, "
+        "csrc/kv_injection_cpu.cpp",
+        "`do_kv_cache_update` writes injected context K/V (other ISAs, fp8 caches); for `layer.isa` in `vec`/`vec16` "
+        "and `kv_cache_dtype` auto our fused kernel writes the CPU paged cache **directly**",
+        "per layer `kv_cache` [num_blocks, nkv, block_size, 2*hd], block interior contiguous; per (block, head): K as "
+        "[hd, block_size] (transposed), then V as [block_size, hd]; negative slots are padding (verified against "
+        "`cpu_attn_reshape_and_cache`); the metadata builder sets `layer.isa`",
+        methods=(Sig("do_kv_cache_update", ("layer", "key", "value", "kv_cache", "slot_mapping")),),
+        attrs=("kv_cache_dtype",), source=("layer.isa = self.isa",), test=_KV_TEST),
+    Contract(
+        "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl", "class", "integration/vllm_model.py, "
+        "csrc/kv_injection_cuda.cu",
+        "CUDA paged KV-cache layout: the CUDA kernel writes through the cache's strides",
+        "logical [num_blocks, nkv, block_size, 2*hd], K in `[..., :hd]`, V in `[..., hd:]` (as `do_kv_cache_update` "
+        "splits it); built and checked against the PyTorch reference on an H200; not yet run inside vLLM on a GPU",
+        methods=(Sig("do_kv_cache_update", ("layer", "key", "value", "kv_cache", "slot_mapping")),),
+        test="tests/unit/test_kv_injection.py::test_cuda_kernel_equals_reference"),
+    Contract(
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_head_sizes", "method",
+        "integration/validation.py", "start-up check of the draft's head_dim (with `current_platform.is_cpu()`)",
+        "the CPU backend's list of head sizes", params=(), test="tests/vllm/test_vllm_validation.py"),
+    Contract(
+        "vllm.platforms:current_platform", "attribute", "integration/validation.py", "`is_cpu()`",
+        "the resolved platform object", attrs=("is_cpu",), test="tests/vllm/test_vllm_validation.py"),
+    Contract(
+        "vllm.forward_context:set_forward_context", "function", "integration/proposer.py",
+        "each denoising pass of `DFlashDrafter.propose`", "the same call as `SpecDecodeBaseProposer.propose`",
+        params=("attn_metadata", "vllm_config", "num_tokens", "num_tokens_across_dp", "cudagraph_runtime_mode",
+                "slot_mapping"), test="tests/vllm/test_vllm_drafter.py"),
+    Contract(
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper", "class", "integration/proposer.py",
+        "`unwrap()` reaches our model class behind a graph wrapper", "returns the wrapped module",
+        methods=(Sig("unwrap", ()),), test="tests/vllm/test_vllm_drafter.py"),
+    # ---------------------------------------------------------------- configuration
+    Contract(
+        "vllm.engine.arg_utils:EngineArgs.create_speculative_config", "method", "integration/patches/"
+        "speculative_config.py, vllm_dflash/settings.py",
+        "strips our keys (`adaptive`, `diffusion_steps`, `confidence_threshold`, `overlap`, `kv_injection`, "
+        "`drafter`), resolves them (key > `additional_config[\"dflash\"]` > `DFLASH_*` env > default) into a new "
+        "`self.additional_config`, validates the draft before engines start; the hook of the guard when this table "
+        "fails",
+        "runs in the front-end process, once per `create_engine_config`, BEFORE `create_engine_config` builds "
+        "`VllmConfig(..., additional_config=self.additional_config)` (same method, later); `SpeculativeConfig` forbids "
+        "unknown keys; we assign a new `additional_config` dict (never mutate the caller's)",
+        params=("target_model_config", "target_parallel_config"), exact=True,
+        attrs=("speculative_config", "additional_config"), patch="speculative_config",
+        test="tests/vllm/test_settings_vllm.py, tests/vllm/test_vllm_validation.py"),
+    Contract(
+        "vllm.engine.arg_utils:EngineArgs.create_engine_config", "method", "integration/patches/speculative_config.py",
+        "calls the patched `create_speculative_config`", "...then passes `self.additional_config` to `VllmConfig`",
+        source=("self.create_speculative_config(", "additional_config=self.additional_config"),
+        test="tests/vllm/test_settings_vllm.py"),
+    Contract(
+        "vllm.config:VllmConfig", "class", "vllm_dflash/settings.py (`from_vllm_config`), integration/*",
+        "`additional_config[\"dflash\"]` carries our resolved per-deployment settings (a JSON object), read by the "
+        "drafter, the drafter switch, `DFlashDraftForVllm`, the CPU platform hook and `AdaptiveAsyncScheduler`",
+        "a plain dict field, pickled with the config to the engine core and every worker; kept by "
+        "`dataclasses.replace` (the draft's `_create_draft_vllm_config`); hashed into the compile-cache key "
+        "(`compute_hash`: `json.dumps(sort_keys=True)`), so it stays JSON-serialisable; vLLM reads only its own keys",
+        methods=(Sig("compute_hash", ()),),
+        attrs=("additional_config", "model_config", "scheduler_config", "speculative_config"),
+        test="tests/vllm/test_settings_vllm.py"),
+    Contract(
+        "vllm.config:SpeculativeConfig", "class", "integration/patches/speculative_config.py, integration/proposer.py",
+        "keys `method`, `model`, `num_speculative_tokens` as vLLM defines them; `disable_eagle_block_drop` set to True "
+        "for our drafter unless the user gives it (`keep_prefix_block`); `draft_model_config.hf_config`",
+        "the scheduler's KV-cache manager then keeps the last matched prefix-cache block instead of recomputing it; "
+        "correct for DFlash: a draft context K/V row depends only on the target hidden state at its own position and "
+        "is injected in the step that computes it, and the draft's block queries only write not-yet-computed slots",
+        attrs=("method", "model", "num_speculative_tokens", "disable_eagle_block_drop", "draft_model_config"),
+        test="tests/vllm/test_vllm_prefix_cache.py"),
+    Contract(
+        "vllm.config:SchedulerConfig", "class", "integration/patches/async_scheduling.py, integration/proposer.py",
+        "`async_scheduling` (re-set after the CPU hook), `scheduler_cls` = `AdaptiveAsyncScheduler` for adaptive "
+        "drafting under overlap when the user set no class",
+        "`get_scheduler_cls()` resolves a dotted path in the engine core; `VllmConfig.__post_init__` runs the platform "
+        "hook before it",
+        methods=(Sig("get_scheduler_cls", ()),), attrs=("async_scheduling", "scheduler_cls"), test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.platforms.cpu:CpuPlatform.check_and_update_config", "method", "integration/patches/async_scheduling.py",
+        "wrapped: re-sets `scheduler_config.async_scheduling = True` after it for our dflash drafter (setting "
+        "`overlap`)",
+        "`VllmConfig.__post_init__` decides `async_scheduling` (flag or default) BEFORE calling the platform hook, "
+        "which then forces False on CPU; the config is pickled to the engine core as is; `UniProcExecutor` / "
+        "`MultiprocExecutor.supports_async_scheduling()` are True",
+        params=("vllm_config",), exact=True, patch="async_scheduling",
+        test="tests/vllm/test_vllm_drafter.py::test_overlap_scheduling_on_for_our_drafter_only"),
+    # ---------------------------------------------------------------- adaptive drafting
+    Contract(
+        "vllm.v1.worker.gpu_input_batch:InputBatch", "class", "integration/proposer.py, integration/patches/"
+        "generator_rewind.py",
+        "adaptive drafting reads `runner.input_batch.req_ids`, `.token_ids_cpu`, `.num_prompt_tokens` (the runner "
+        "passed to `DFlashProposer(vllm_config, device, runner)`); the generator patch swaps `.generators`",
+        "synchronous: the drafter runs BEFORE `_bookkeeping_sync`; `token_ids_cpu` then holds prompt + committed "
+        "output + this step's scheduled drafts (written by `_update_states`), so a request's accepted history is "
+        "`token_ids_cpu[i, :p + 1]` (p: the position of its last accepted query token) plus `next_token_ids[i]`; rows "
+        "in batch order; `propose` may return `list[list[int]]` of per-request lengths (passed through like the "
+        "n-gram proposer's). Overlap (async): `target_token_ids` are the query tokens the target verified (the "
+        "accepted ones: the first qlen - rejected), `token_ids_cpu` holds the prompt only (later outputs stay on the "
+        "device), hence the mirror `adaptive/history.py`",
+        attrs=("req_ids", "token_ids_cpu", "num_prompt_tokens", "generators", "num_reqs"), test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.v1.attention.backend:CommonAttentionMetadata", "class", "integration/proposer.py",
+        "`propose`'s `common_attn_metadata`: `query_start_loc_cpu`, `num_reqs`, `batch_size()`; `slot_mapping`",
+        "per-request query boundaries on the host", methods=(Sig("batch_size", ()),),
+        attrs=("query_start_loc_cpu", "num_reqs", "slot_mapping"), test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.v1.core.sched.async_scheduler:AsyncScheduler", "class", "integration/async_scheduler.py",
+        "base class of `AdaptiveAsyncScheduler` (adaptive drafting + overlap), set through `scheduler_cls`",
+        "after vLLM's `_update_after_schedule`, `request.spec_token_ids` of each scheduled request with "
+        "`is_prefill_chunk` False is the placeholder list the next `schedule()` verifies; "
+        "`scheduler_output.num_spec_tokens_to_schedule` is the draft count the runner asks for (0 allowed); the "
+        "runner's `_prepare_input_ids` takes the first `len(scheduled_spec_decode_tokens[r])` previous drafts",
+        methods=(Sig("_update_after_schedule", ("scheduler_output",), exact=True),
+                 Sig("update_from_output", ("scheduler_output", "model_runner_output"), exact=True)),
+        attrs=("num_spec_tokens", "requests", "vllm_config"), test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.v1.core.sched.output:SchedulerOutput", "class", "integration/async_scheduler.py",
+        "read in `update_from_output`; `num_spec_tokens_to_schedule` written in `_update_after_schedule`",
+        "drafts scheduled per request and the step's token count",
+        attrs=("num_scheduled_tokens", "scheduled_spec_decode_tokens", "total_num_scheduled_tokens",
+               "scheduled_new_reqs", "num_spec_tokens_to_schedule"), test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.v1.outputs:ModelRunnerOutput", "class", "integration/async_scheduler.py",
+        "`sampled_token_ids[req_id_to_index[r]]`", "host lists of the tokens each request produced this step",
+        attrs=("sampled_token_ids", "req_id_to_index"), test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.v1.request:Request", "class", "integration/async_scheduler.py",
+        "`spec_token_ids` replaced by k_r placeholders; `is_prefill_chunk`, `num_tokens`, `all_token_ids`",
+        "the scheduler's view of a request's committed tokens", attrs=("request_id", "spec_token_ids",
+                                                                       "is_prefill_chunk", "num_tokens",
+                                                                       "all_token_ids"), test=_ADAPTIVE_TEST),
+    # ---------------------------------------------------------------- patched bugs / metrics
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", "method",
+        "integration/patches/generator_rewind.py",
+        "wrapped: CPU generators get no-op `get_offset/set_offset` while it runs",
+        "on CPU it rewinds generators of discarded partial-prefill samples with offsets CPU generators lack; we read "
+        "`self.input_batch`, `self.discard_request_mask.np`, `self.device`",
+        attrs=("input_batch", "discard_request_mask", "device"), patch="generator_rewind",
+        test="tests/vllm/test_vllm_patches.py::test_seeded_sampling_with_chunked_prefill"),
+    Contract(
+        "vllm.utils.cpu_triton_utils:_expand_kernel_impl", "function", "integration/patches/cpu_expand_kernel.py, "
+        "integration/cpu_sampling.py",
+        "replaced with `cpu_sampling.expand_kernel_impl`",
+        "`CpuPlatform.register_triton_kernel_overrides` reads this attribute when the worker initialises (after "
+        "general plugins load) and binds it to `vllm.v1.sample.rejection_sampler.expand_kernel`",
+        params=("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS"), exact=True,
+        patch="cpu_expand_kernel",
+        test="tests/vllm/test_seam.py::test_expand_kernel_patch_still_needed, tests/vllm/test_vllm_sampling.py"),
+    Contract(
+        "vllm.platforms.cpu:CpuPlatform.register_triton_kernel_overrides", "method", "integration/patches/"
+        "cpu_expand_kernel.py", "reads `cpu_triton_utils._expand_kernel_impl` (our replacement)",
+        "it scans `sys.modules` when the worker initialises (it breaks once numba/llvmlite is imported, so "
+        "`vllm-dflash eval --ngram` runs the n-gram engine last)",
+        params=(), source=("_expand_kernel_impl",), test="tests/vllm/test_vllm_sampling.py"),
+    Contract(
+        "vllm.v1.spec_decode.metrics:SpecDecodingStats.observe_draft", "method", "integration/patches/"
+        "observe_draft.py, serve/metrics.py",
+        "wrapped: per-request accepted-length histogram (`vllm_dflash:accepted_tokens_per_step`)",
+        "called once per request per verify step in the scheduler (engine core)",
+        params=("num_draft_tokens", "num_accepted_tokens"), exact=True, patch="observe_draft",
+        test="tests/vllm/test_vllm_serve.py"),
+    Contract(
+        "prometheus_client:REGISTRY", "attribute", "serve/metrics.py",
+        "our `DFlashCollector` (names `vllm_dflash:*`)", "vLLM serves the default registry on `/metrics`",
+        test="tests/vllm/test_vllm_serve.py"),
+    Contract(
+        "vllm.v1.metrics.prometheus:unregister_vllm_metrics", "function", "serve/metrics.py",
+        "leaves our collector registered", "only removes collectors named `vllm:`", params=(),
+        source=('startswith("vllm:")',), test="tests/vllm/test_vllm_serve.py"),
+    # ---------------------------------------------------------------- read by tests and benchmarks only
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner", "class", "tests/vllm/test_vllm_prefix_cache.py",
+        "negative control (zero the draft's KV cache): `llm.llm_engine.model_executor.driver_worker.worker."
+        "model_runner`, `runner.drafter._draft_attn_layer_names`, `runner.compilation_config.static_forward_context"
+        "[name].kv_cache`",
+        "in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); the draft's attention layers are named in the "
+        "drafter and their caches live in the static forward context", attrs=("drafter", "compilation_config"),
+        scope="tests", test="tests/vllm/test_vllm_prefix_cache.py"),
+    Contract(
+        "vllm.v1.spec_decode.dflash:DFlashProposer", "class", "tests/vllm/test_vllm_prefix_cache.py",
+        "`_draft_attn_layer_names`", "the names of the draft's attention layers",
+        attrs=("_draft_attn_layer_names",), scope="tests", test="tests/vllm/test_vllm_prefix_cache.py"),
+    Contract(
+        "vllm.outputs:RequestOutput", "class", "tests/vllm/test_vllm_prefix_cache.py", "`num_cached_tokens`",
+        "tokens of the prompt served from the prefix cache", attrs=("num_cached_tokens",), scope="tests",
+        test="tests/vllm/test_vllm_prefix_cache.py"),
+    Contract(
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model", "class", "bench/kernels.py",
+        "runs vLLM's own precompute on stand-in layers", "the attribute names of the serving row above",
+        methods=(Sig("_project_context_kv", ("context_states", "num_ctx", "num_layers", "num_kv_heads", "head_dim")),
+                 Sig("_normalize_context_k", ("all_k",)),
+                 Sig("precompute_and_store_context_kv", ("context_states", "context_positions",
+                                                         "context_slot_mapping"))),
+        scope="tests"),
+    # ---------------------------------------------------------------- Ray on CPU (backend "ray", patches/ray_cpu.py)
+    Contract(
+        "vllm.v1.executor.ray_executor_v2:RayExecutorV2", "class", "integration/ray_cpu_executor.py",
+        "base class of `RayCpuExecutor` (replaces `_init_executor`, extends `shutdown`)",
+        "the parent's start-up steps, CPU-keyed; everything after start-up (MessageQueue RPC, worker monitor) is the "
+        "parent's",
+        methods=(Sig("_init_executor", (), exact=True), Sig("shutdown", (), exact=True),
+                 Sig("_get_parallel_sizes", ()), Sig("_build_runtime_env", ()), Sig("_is_driver_worker", ("rank",)),
+                 Sig("_post_init_executor", ()), Sig("start_worker_monitor", ()), Sig("_get_output_rank", ()),
+                 Sig("collective_rpc", ("method", "timeout"))),
+        attrs=("parallel_config", "vllm_config", "world_size", "rpc_broadcast_mq", "response_mqs",
+               "ray_worker_handles", "driver_env_vars", "futures_queue", "output_rank", "is_failed",
+               "failure_callback", "shutting_down", "shutdown_lock"),
+        scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+    Contract(
+        "vllm.v1.executor.ray_executor_v2:RayWorkerProc", "class", "integration/ray_cpu_executor.py",
+        "base class of `RayCpuWorkerProc`", "`get_node_and_physical_gpu_ids()` looks up `ray_device_key` (\"\" on CPU)",
+        methods=(Sig("get_node_and_physical_gpu_ids", (), exact=True),), attrs=("READY_STR",), scope="ray",
+        test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+    Contract(
+        "vllm.v1.executor.ray_executor_v2", "module", "integration/ray_cpu_executor.py",
+        "`RayWorkerHandle(actor, rank, local_rank, node_id, bundle_id_idx)`", "the handle the parent's RPC uses",
+        attrs=("RayWorkerHandle",), scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+    Contract(
+        "vllm.v1.executor.ray_utils", "module", "integration/ray_cpu_executor.py",
+        "`WORKER_SPECIFIC_ENV_VARS`, `build_actor_name`, `ray`", "as the parent executor uses them",
+        attrs=("WORKER_SPECIFIC_ENV_VARS", "build_actor_name", "ray"), scope="ray",
+        test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+    Contract(
+        "vllm.distributed.device_communicators.shm_broadcast:MessageQueue", "class", "integration/ray_cpu_executor.py",
+        "reads `mq.buffer.shared_memory.name` to unlink the /dev/shm segments of queues whose actors were killed at "
+        "shutdown", "`MessageQueue.buffer` is a `ShmRingBuffer` (None for a remote reader) holding `shared_memory`",
+        attrs=("buffer",), scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+    Contract(
+        "vllm.distributed.device_communicators.shm_broadcast:ShmRingBuffer", "class",
+        "integration/ray_cpu_executor.py", "the segment name of a queue's ring buffer",
+        "`ShmRingBuffer.shared_memory` is a `multiprocessing.shared_memory.SharedMemory`",
+        attrs=("shared_memory",), scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+    Contract(
+        "vllm.utils.ompmultiprocessing:OMPProcessManager", "class", "integration/ray_cpu_executor.py",
+        "each rank's OpenMP env, as the mp executor sets it", "`configure_omp_envs` is a context manager setting "
+        "`OMP_*` / `GOMP_CPU_AFFINITY` in `os.environ`",
+        methods=(Sig("configure_omp_envs", ("rank", "local_rank")),), scope="ray",
+        test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
+)
