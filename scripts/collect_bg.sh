@@ -11,4 +11,4 @@ export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-$(($(nproc) - 1))}
 exec nice -n ${NICE:-15} .venv/bin/vllm-dflash collect --out ${OUT:-data/collect/smollm2-v2} \
   --sources chat-sharegpt,code-codeio,code-stdlib,code-pkgs --sample-fraction 0 \
   --max-new-tokens 384 --chunk-size 64 --max-num-seqs 64 \
-  --exclude-collected ${EXCLUDE-data/collect/smollm2-gpu1} "$@"
+  --exclude-collected ${EXCLUDE-data/collect/smollm2-gpu1,data/collect/smollm2-gpu2,data/collect/smollm2-gpu3} "$@"

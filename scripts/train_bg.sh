@@ -11,7 +11,7 @@
 # Extra arguments go to every `vllm-dflash train` call (new-run options such as --init-draft matter only the first time).
 cd "$(dirname "$0")/.."
 RUN=${RUN:-smollm2-b8-r3}
-DATA=${DATA:-data/collect/smollm2-v1,data/collect/smollm2-v2,data/collect/smollm2-gpu1}
+DATA=${DATA:-data/collect/smollm2-v1,data/collect/smollm2-v2,data/collect/smollm2-gpu1,data/collect/smollm2-gpu2,data/collect/smollm2-gpu3}
 ROUND_MINUTES=${ROUND_MINUTES:-40}
 MAX_STEPS=${MAX_STEPS:-40000}
 LR=${LR:-3e-4}   # fine-tuning lr

@@ -43,7 +43,8 @@ def build_target(stash: Path, out: Path) -> Path:
     if (out / "model.safetensors").exists():
         return out
     dirs = [str(p) for p in sorted(stash.glob("p*")) if p.is_dir()]
-    return write_hf_folder(dirs, str(stash / "p0" / "small"), str(out))
+    small = next(p for p in sorted(stash.glob("p*/small")) if p.is_dir())  # config + tokenizer: in whichever part had room
+    return write_hf_folder(dirs, str(small), str(out))
 
 
 def generate(target: Path, prompts: Path, gen_dir: Path, until: float, batch: int, max_new: int,
@@ -189,7 +190,7 @@ def main() -> int:
     log(f"target rebuilt at {target}")
     gen_dir = work / "gen"
     try:
-        man = generate(target, stash / "p1" / "prompts.jsonl.xz", gen_dir, T0 + a.gen_s, a.batch, a.max_new_tokens,
+        man = generate(target, next(stash.glob("p*/prompts.jsonl.xz")), gen_dir, T0 + a.gen_s, a.batch, a.max_new_tokens,
                        768, a.wave, a.device)
         log(f"gen done: {json.dumps({k: man[k] for k in ('num_records', 'num_response_tokens', 'tokens_per_s')})}")
     except Exception:  # noqa: BLE001 - training still runs on the committed data

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reassemble what `job.py` brought back: `python dev/gpu/unpack_results.py FILES_DIR DEST`.
+"""Reassemble what `job.py` brought back: `python dev/gpu/unpack_results.py FILES_DIR DEST [SOURCE_COLLECTION]`.
 
 data.N pieces -> DEST/gen (a collection folder); runs.N pieces -> DEST/runs/<variant>/... with each `best` draft's
 reduced lm_head restored from the target (job.py strips it to halve the transfer) and checked to load."""
@@ -23,10 +23,33 @@ def join(src: Path, name: str, dest: Path) -> bool:
     return True
 
 
+def complete_manifest(folder: Path, source: str) -> None:
+    """Make a GPU generation folder a full collection folder: `done_ids` (the prompt ids answered, so
+    `--exclude-collected` skips them), the `config` (sources) and a note on how it was made."""
+    import json
+
+    from vllm_dflash.data.collect import decode_part
+
+    man_path = folder / "manifest.json"
+    man = json.loads(man_path.read_text())
+    ids = sorted({r["id"].split("#t")[0] for p in sorted(folder.glob("part-*.npz")) for r in decode_part(p)})
+    srcs = sorted({r.get("source", "file") for p in sorted(folder.glob("part-*.npz")) for r in decode_part(p)})
+    man["done_ids"] = ids
+    man.setdefault("config", {"sources": srcs, "prompts": f"not-yet-collected items of {source}'s frozen prompt list",
+                              "temperature": 0.0, "sample_fraction": 0.0})
+    man.setdefault("note", "generated on a lent GPU (no vLLM there) by dev/gpu/job.py: the target rebuilt bit-exact "
+                   "from the GGUF, transformers generate, greedy, bf16, left-padded batches; multi-turn chats answered "
+                   "turn by turn with the target's own replies, like vllm-dflash collect")
+    man_path.write_text(json.dumps(man, indent=1))
+    print(f"{folder}: {len(ids)} prompt ids, {man['num_response_tokens']} response tokens")
+
+
 def main() -> None:
     src, dest = Path(sys.argv[1]), Path(sys.argv[2])
     dest.mkdir(parents=True, exist_ok=True)
     print("data:", join(src, "data", dest), "runs:", join(src, "runs", dest))
+    if (dest / "gen" / "manifest.json").exists():
+        complete_manifest(dest / "gen", sys.argv[3] if len(sys.argv) > 3 else "data/collect/smollm2-v2")
     if (dest / "runs").exists():
         import torch
         from transformers import AutoModelForCausalLM
