@@ -149,6 +149,24 @@ def test_positions_beyond_the_rope_cache_are_rejected():
 
 
 @needs_ext
+def test_bad_positions_and_slots_are_rejected_before_the_cpu_kernel(monkeypatch):
+    """On CPU the entry points check positions and slots in Python (no sync there), so a bad input never rests on a
+    C++ exception crossing the op boundary (a CPU build on a libstdc++ other than torch's crashed on that)."""
+    def kernel_not_reached(*a, **k):
+        raise AssertionError("the fused kernel was called with a bad input")
+
+    w = weights(128, 1, 2, 64, torch.float32, max_pos=16)
+    monkeypatch.setattr(torch.ops.vllm_dflash, "fused_context_kv", kernel_not_reached, raising=False)
+    monkeypatch.setattr(torch.ops.vllm_dflash, "fused_context_kv_to_cache", kernel_not_reached, raising=False)
+    with pytest.raises(ValueError, match="positions: max 16 is beyond the RoPE cache"):
+        inject_context_kv(torch.randn(3, 128), torch.tensor([1, 2, 16]), w)
+    caches = _caches(1, 2, 2, 16, 64, torch.float32)  # 2 blocks of 16 slots
+    with pytest.raises(ValueError, match="slot_mapping: slot 32 beyond the cache of layer 0"):
+        inject_context_kv_to_cache(torch.randn(2, 128), torch.tensor([0, 1]), torch.tensor([3, 32]), w, caches,
+                                   CPU_VEC_LAYOUT)
+
+
+@needs_ext
 def test_positions_beyond_the_rope_cache_rejected_by_the_kernel():
     """The kernel checks positions itself (the Python check is skipped on GPU to avoid a host sync)."""
     w = weights(128, 1, 2, 64, torch.float32, max_pos=16)

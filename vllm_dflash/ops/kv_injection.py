@@ -104,7 +104,7 @@ def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights, ch
         raise ValueError(f"positions: expected [{ctx.shape[0]}], got {tuple(positions.shape)}")
     if ctx.device != w.kv_weight.device:
         raise ValueError(f"ctx on {ctx.device} but weights on {w.kv_weight.device}")
-    # the CPU kernel range-checks positions itself; on GPU a check would be a host sync
+    # CPU only: there it costs no sync (the kernels range-check too); on GPU it would be a host sync
     if check_positions and ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
         raise ValueError(f"positions: max {int(positions.max())} is beyond the RoPE cache ({w.cos_sin_cache.shape[0]} "
                          "rows). Fix: raise the draft's max_position_embeddings")
@@ -145,7 +145,9 @@ def inject_context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjection
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked entry point -> K, V [L, T, nkv, hd]: the fused kernel when available, else the reference."""
     fw = _fused_weights(ctx, w)
-    _check(ctx, positions, w, check_positions=fw is None)
+    # Positions are checked here on CPU (no sync there), so a bad position never depends on a C++ exception crossing
+    # the op boundary (a CPU build whose libstdc++ differs from torch's crashed on that); on GPU the kernel checks.
+    _check(ctx, positions, w)
     if fw is not None:
         with _kernel_errors():
             return torch.ops.vllm_dflash.fused_context_kv(ctx.contiguous(), positions.to(torch.long).contiguous(), *fw,
@@ -162,7 +164,7 @@ def inject_context_kv_to_cache(ctx: torch.Tensor, positions: torch.Tensor, slot_
     then K/V are computed (fused when possible) and `write_fallback(layer, k, v)` stores them (e.g. vLLM's
     own do_kv_cache_update). Returns the path taken ("fused", "fused-compute", "reference")."""
     fw = _fused_weights(ctx, w)
-    _check(ctx, positions, w, check_positions=fw is None)
+    _check(ctx, positions, w)  # positions on CPU, as in inject_context_kv
     if len(caches) != w.num_layers:
         raise ValueError(f"caches: {len(caches)} given, the draft has {w.num_layers} layers")
     fused = fw is not None
@@ -170,6 +172,12 @@ def inject_context_kv_to_cache(ctx: torch.Tensor, positions: torch.Tensor, slot_
     cache_ok = cache_ok and all(c.dtype == ctx.dtype and c.dim() == 4 and c.stride(-1) == 1 for c in caches)
     if layout == CPU_VEC_LAYOUT:
         cache_ok = cache_ok and all(c.stride(2) == c.shape[3] for c in caches)
+    if fused and cache_ok and ctx.device.type == "cpu" and slot_mapping.numel():
+        top = int(slot_mapping.max())  # CPU: no sync; the slot check must not rest on a C++ exception either
+        for i, c in enumerate(caches):
+            if top >= c.shape[0] * c.shape[2]:
+                raise ValueError(f"slot_mapping: slot {top} beyond the cache of layer {i} ({c.shape[0]} blocks of "
+                                 f"{c.shape[2]}). Fix: pass slots inside the draft layers' KV caches")
     if fused and cache_ok:
         with _kernel_errors():
             torch.ops.vllm_dflash.fused_context_kv_to_cache(
