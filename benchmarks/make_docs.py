@@ -45,6 +45,8 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_adaptive_overlap": {"machine": "epyc-avx2"},
     "bench_serving_quick": {"machine": "epyc-avx2"},
     "eval_humaneval164": {"machine": "epyc-avx2"},
+    "eval_humaneval164_v3": {"machine": "xeon-bf16"},
+    "bench_v3": {"machine": "xeon-bf16"},
     "kv_injection": {"machine": "epyc-avx2",
                      "command": "python benchmarks/bench_kv_injection.py --clock cpu --serving"},
     "draft_depth": {"machine": "epyc-avx2"},
@@ -55,7 +57,8 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164", "kv_injection",
+ORDER = ["bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+         "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "soak", "bench_serving_quick"]
 
 BENCH_DEFAULTS = {"prompt_sets": ["humaneval", "chat"], "threads": 1, "kv_cache_gib": 2, "max_model_len": 2048,
@@ -243,9 +246,11 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
 def eval_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
     pos = ", ".join(f"{x:.3f}" for x in d["per_position_acceptance"])
     ng = d.get("ngram") or {}
-    out = ["## Acceptance through vLLM: HumanEval, all 164 prompts", ""]
+    version = f" (bundled draft version {d['draft_version']})" if d.get("draft_version") else " (bundled draft version 1)"
+    out = [f"## Acceptance through vLLM: HumanEval, all 164 prompts{version}", ""]
+    recorded = next((m["cpu"] for m in MACHINES.values() if m["cpu"] in d.get("machine", "")), None)
     out += provenance_block(git_date(RESULTS / f"{stem}.json") + " (commit date of the JSON)",
-                            machine(stem, "AMD EPYC" if "AMD EPYC" in d.get("machine", "") else None)
+                            machine(stem, recorded)
                             + (f"; recorded: {d['machine']}" if d.get("machine") else ""), d["command"])
     out += [f"- workload: {d['num_prompts']} {d['prompts']} prompts, block {d['block_size']}, diffusion steps "
             f"{d['diffusion_steps']}, up to {d['max_new_tokens']} new tokens, concurrency {d['concurrency']}, "
@@ -255,8 +260,10 @@ def eval_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[st
     if ng:
         out.append(f"| vLLM prompt lookup, {ng['num_speculative_tokens']} tokens | {ng['acceptance_length']:.2f} | "
                    + ", ".join(f"{x:.3f}" for x in ng["per_position_acceptance"]) + f" | {ng['tokens_per_s']:.1f} |")
+    tpf = (f" Tokens per target forward (every step counted): {d['tokens_per_forward']:.2f}."
+           if d.get("tokens_per_forward") else "")
     out += ["", f"Draft forward: {d['draft_time_share']:.1%} of the draft run's wall time; {d['num_steps']} verify "
-            f"steps, {d['output_tokens']} output tokens."]
+            f"steps, {d['output_tokens']} output tokens.{tpf}"]
     return out + hand(notes, stem)
 
 
