@@ -202,7 +202,10 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_merged": "Serving on vLLM's defaults (compiled bf16): none, n-gram, adaptive, merged",
+    title = {"bench_v3": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3: none, n-gram, fixed "
+                         "block, adaptive, merged",
+             "bench_merged": "Serving on vLLM's defaults (compiled bf16), draft version 1: none, n-gram, adaptive, "
+                             "merged",
              "bench_serving": "Serving, eager float32: seven configurations",
              "bench_adaptive_overlap": "Adaptive drafting with and without overlap scheduling",
              "bench_serving_quick": "Serving benchmark, quick mode (smoke run)"}.get(stem, f"Serving benchmark {stem}")
