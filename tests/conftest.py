@@ -43,3 +43,20 @@ def pair() -> Path:
     """Tiny target + trained DFlash drafts (tests/assets/tiny-pair, built by scripts/make_test_assets.py)."""
     assert (ASSETS / "target" / "config.json").exists(), "run scripts/make_test_assets.py"
     return ASSETS
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_metrics_dir():
+    """A test that loads our plugin in this process (vLLM's `load_general_plugins`) makes pytest the owner of a metrics
+    folder and exports DFLASH_METRICS_DIR. Servers and engines that later tests start would inherit it and merge the
+    earlier runs' snapshots into their counters. Restore the variables after every test."""
+    from vllm_dflash.settings import deprecated_env_name, env_name
+
+    names = (env_name("metrics_dir"), deprecated_env_name("metrics_dir"))
+    before = {n: os.environ.get(n) for n in names}
+    yield
+    for n, v in before.items():
+        if v is None:
+            os.environ.pop(n, None)
+        else:
+            os.environ[n] = v
