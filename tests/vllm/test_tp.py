@@ -7,7 +7,7 @@ scripts/make_tp_pair.py builds it (~1 min) into $DFLASH_TEST_TP_PAIR (default /t
 Every engine runs in its own subprocess (this file is also the runner: `python tests/vllm/test_tp.py RUN.json`):
 a TP engine spawns two worker processes, each bound to one core (VLLM_CPU_OMP_THREADS_BIND="0|1"; vLLM's
 "auto" binding asserts one NUMA node per rank). Each TP=2 engine costs ~1-3 min on 2 busy cores, so the file
-runs the core TP=2 cases in CI (see pytestmark below) and marks the rest slow. See dev/TP_DESIGN.md for what is covered and what is not yet.
+runs in CI except one case marked slow (see pytestmark below). See dev/TP_DESIGN.md for what is covered and what is not yet.
 """
 from __future__ import annotations
 
@@ -248,11 +248,10 @@ if __name__ == "__main__":
 else:
     import pytest
 
-    # In CI: our fixed block at TP=2 with overlap on (lossless, acceptance within 5 % of TP=1: catches a wrong KV
-    # shard), our adaptive drafter (the plan broadcast, metrics from rank 0), the rank-divergence fault injection
-    # (finishes, lossless), Ray TP=2 equal to mp bit for bit, the heads-divide check and the Ray executor selection.
-    # The rest (fixed block with overlap off, vLLM's drafter, no speculation, adaptive with overlap) are `slow`: each
-    # TP=2 engine costs 1-3 min on 2 cores.
+    # CI runs every case but adaptive drafting with overlap on (`slow`; each TP=2 engine costs about a minute on 2
+    # quiet cores): no speculation, vLLM's drafter, our fixed block with overlap on and off (acceptance within 5 % of
+    # TP=1 catches a wrong KV shard), our adaptive drafter (the plan broadcast, metrics from rank 0), the
+    # rank-divergence fault injection, Ray TP=2 equal to mp bit for bit, the heads check and the executor selection.
     pytestmark = [pytest.mark.vllm]
 
     @pytest.fixture(scope="module")
@@ -289,19 +288,17 @@ else:
             assert res["counters"].get("spec_decode_num_draft_tokens", 0) > 0, "no drafts were verified"
             assert res["counters"].get("spec_decode_num_accepted_tokens", 0) > 0, "nothing accepted: draft broken"
 
-    @pytest.mark.slow
     def test_tp2_no_spec_equals_tp1(tp_pair, reference):
         res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2})
         _check_lossless(res, reference, speculative=False)
 
-    @pytest.mark.slow
     def test_tp2_vllm_drafter_lossless(tp_pair, reference):
         """vLLM's own DFlash drafter at TP=2 (heads sharded, vocab-parallel embedding / lm_head): lossless."""
         res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
                    "speculative_config": _spec(tp_pair), "process_env": {"DFLASH_DRAFTER": "vllm"}})
         _check_lossless(res, reference)
 
-    @pytest.mark.parametrize("overlap", [pytest.param("1"), pytest.param("0", marks=pytest.mark.slow)])
+    @pytest.mark.parametrize("overlap", ["1", "0"])
     def test_tp2_ours_fixed_block_lossless(tp_pair, reference, overlap):
         """Our drafter, fixed block, TP=2, with and without overlap scheduling: TP=1 no-spec output, and the same
         acceptance as at TP=1 (the draft sees the same target features; only reduction order differs)."""
