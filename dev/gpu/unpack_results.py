@@ -32,8 +32,9 @@ def complete_manifest(folder: Path, source: str) -> None:
 
     man_path = folder / "manifest.json"
     man = json.loads(man_path.read_text())
-    ids = sorted({r["id"].split("#t")[0] for p in sorted(folder.glob("part-*.npz")) for r in decode_part(p)})
-    srcs = sorted({r.get("source", "file") for p in sorted(folder.glob("part-*.npz")) for r in decode_part(p)})
+    records = [r for p in sorted(folder.glob("part-*.npz")) for r in decode_part(p)]
+    ids = sorted({r["id"].split("#t")[0] for r in records})
+    srcs = sorted({r.get("source", "file") for r in records})
     man["done_ids"] = ids
     man.setdefault("config", {"sources": srcs, "prompts": f"not-yet-collected items of {source}'s frozen prompt list",
                               "temperature": 0.0, "sample_fraction": 0.0})

@@ -97,7 +97,7 @@ def write_cache_reference(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.
         raise ValueError(f"layout: unknown {layout!r}; expected {CPU_VEC_LAYOUT!r} or {CUDA_LAYOUT!r}")
 
 
-def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights, check_positions: bool = True) -> None:
+def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights) -> None:
     if ctx.dim() != 2 or ctx.shape[1] != w.hidden_norm_weight.shape[0]:
         raise ValueError(f"ctx: expected [T, {w.hidden_norm_weight.shape[0]}], got {tuple(ctx.shape)}")
     if positions.shape != (ctx.shape[0],):
@@ -105,7 +105,7 @@ def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights, ch
     if ctx.device != w.kv_weight.device:
         raise ValueError(f"ctx on {ctx.device} but weights on {w.kv_weight.device}")
     # CPU only: there it costs no sync (the kernels range-check too); on GPU it would be a host sync
-    if check_positions and ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
+    if ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
         raise ValueError(f"positions: max {int(positions.max())} is beyond the RoPE cache ({w.cos_sin_cache.shape[0]} "
                          "rows). Fix: raise the draft's max_position_embeddings")
 
@@ -148,6 +148,13 @@ def inject_context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjection
     # Positions are checked here on CPU (no sync there), so a bad position never depends on a C++ exception crossing
     # the op boundary (a CPU build whose libstdc++ differs from torch's crashed on that); on GPU the kernel checks.
     _check(ctx, positions, w)
+    return _context_kv(ctx, positions, w, fw)
+
+
+def _context_kv(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights, fw: tuple[torch.Tensor, ...] | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [L, T, nkv, hd] of already checked inputs: the fused kernel when `fw` (its prepared weights), else the
+    reference."""
     if fw is not None:
         with _kernel_errors():
             return torch.ops.vllm_dflash.fused_context_kv(ctx.contiguous(), positions.to(torch.long).contiguous(), *fw,
@@ -184,7 +191,7 @@ def inject_context_kv_to_cache(ctx: torch.Tensor, positions: torch.Tensor, slot_
                 ctx.contiguous(), positions.to(torch.long).contiguous(), slot_mapping.to(torch.long).contiguous(), *fw,
                 list(caches), w.num_kv_heads, w.head_dim, float(w.eps), bool(w.is_neox))
         return "fused"
-    k, v = inject_context_kv(ctx, positions, w)
+    k, v = _context_kv(ctx, positions, w, fw)  # checked above
     for i in range(w.num_layers):
         if write_fallback is not None:
             write_fallback(i, k[i], v[i])
