@@ -66,3 +66,26 @@ def test_no_directory_no_thread(monkeypatch):
     sink.flush()
     sink.flush()
     assert threading.active_count() == before
+
+
+def test_a_dead_servers_snapshot_is_not_merged_and_is_pruned_at_start(tmp_path, monkeypatch):
+    """A metrics folder fixed by the user (DFLASH_METRICS_DIR) outlives a server: the snapshot a previous server's
+    worker left there must not add to the next server's counters. Real processes: a child writes a snapshot and
+    exits; this live process writes one too."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(M.ENV_DIR, str(tmp_path))
+    code = ("from vllm_dflash.serve import metrics as M; s = M.MetricsSink(); "
+            "s.observe('accepted_tokens_per_step', 1.0, n=5); s.flush(force=True)")
+    subprocess.run([sys.executable, "-c", code], check=True)  # the previous server's worker: wrote, then exited
+    dead = list(tmp_path.glob("proc-*.json"))
+    assert len(dead) == 1 and json.loads(dead[0].read_text())["hists"]["accepted_tokens_per_step"]["count"] == 5
+    live = M.MetricsSink()
+    live.observe("accepted_tokens_per_step", 1.0, n=2)
+    live.flush(force=True)
+    assert _count(tmp_path) == 2, "a dead process's snapshot was merged into /metrics"
+    assert dead[0].exists(), "reading must not delete (only the owner prunes, once)"
+    M.read_snapshots(tmp_path, prune=True)
+    assert not dead[0].exists() and live.path.exists(), "pruning must remove the dead writer's file only"

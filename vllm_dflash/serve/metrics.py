@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Iterable
 
+_HOST = socket.gethostname()
 ENV_DIR = "DFLASH_METRICS_DIR"  # settings.env_name("metrics_dir"); read through settings (deprecated alias too)
 PREFIX = "vllm_dflash:"
 FLUSH_INTERVAL_S = 0.5
@@ -157,7 +159,8 @@ class MetricsSink:
         with self._lock:
             return {"hists": {k: {"counts": list(h.counts), "sum": h.sum, "count": h.count}
                               for k, h in self.hists.items()},
-                    "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time()}
+                    "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time(),
+                    "pid": os.getpid(), "host": _HOST}
 
     def flush(self, force: bool = False) -> None:
         """Publish the current values: force -> write a snapshot now, on this thread; otherwise mark them changed and
@@ -198,16 +201,39 @@ class MetricsSink:
                 pass  # metrics must never break serving
 
 
-def read_snapshots(directory: str | Path | None = None) -> list[dict]:
+def _writer_alive(snap: dict) -> bool:
+    """Is the process that wrote this snapshot still running? A snapshot from another host (or an old one without
+    pid/host) counts as alive: only a dead process on this host is known to be gone."""
+    pid, host = snap.get("pid"), snap.get("host")
+    if not isinstance(pid, int) or host != _HOST:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: the pid exists (another user's process)
+        return True
+    return True
+
+
+def read_snapshots(directory: str | Path | None = None, prune: bool = False) -> list[dict]:
+    """Snapshots of the processes still running. A snapshot whose writer has exited on this host is skipped (a
+    metrics folder the user fixed with DFLASH_METRICS_DIR outlives a server; the previous server's counters must not
+    add to the new one's); prune: also delete those files (the owner does this once at start-up)."""
     d = Path(directory or _env_dir() or "")
     if not str(d) or not d.is_dir():
         return []
     out = []
     for f in sorted(d.glob("proc-*.json")):
         try:
-            out.append(json.loads(f.read_text()))
+            snap = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):
             continue
+        if not _writer_alive(snap):
+            if prune:
+                f.unlink(missing_ok=True)
+            continue
+        out.append(snap)
     return out
 
 
@@ -273,5 +299,7 @@ def register_collector() -> None:
         from prometheus_client import REGISTRY
     except ImportError:
         return
-    REGISTRY.register(DFlashCollector(ensure_metrics_dir()))
+    d = ensure_metrics_dir()
+    read_snapshots(d, prune=True)  # a previous server's leftovers in a user-fixed folder
+    REGISTRY.register(DFlashCollector(d))
     _COLLECTOR_REGISTERED = True
