@@ -35,6 +35,8 @@ MACHINES = {
                   "kind": "2-core AMD EPYC, AVX2 only (no AVX-512, no bf16), 24 GiB, no GPU"},
     "xeon-bf16": {"cpu": "Xeon",
                   "kind": "2-core Intel Xeon with avx512_bf16 and amx_bf16, 24 GiB, no GPU"},
+    "epyc-bf16": {"cpu": "AMD EPYC",
+                  "kind": "2-core AMD EPYC with avx512_bf16 (no AMX), 24 GiB, no GPU"},
 }
 
 # Facts a result file does not record itself: which machine (kind) it ran on, and for the files that do not
@@ -47,6 +49,8 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "eval_humaneval164": {"machine": "epyc-avx2"},
     "eval_humaneval164_v3": {"machine": "xeon-bf16"},
     "bench_v3": {"machine": "xeon-bf16"},
+    "bench_v4": {"machine": "epyc-bf16"},
+    "step_cost": {"machine": "epyc-bf16"},
     "kv_injection": {"machine": "epyc-avx2",
                      "command": "python benchmarks/bench_kv_injection.py --clock cpu --serving"},
     "draft_depth": {"machine": "epyc-avx2"},
@@ -57,7 +61,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "soak", "bench_serving_quick"]
 
@@ -202,7 +206,9 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v3": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3: none, n-gram, fixed "
+    title = {"bench_v4": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3, step-cost-aware "
+                         "adaptive drafting: none, n-gram, fixed block, adaptive, merged",
+             "bench_v3": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3: none, n-gram, fixed "
                          "block, adaptive, merged",
              "bench_merged": "Serving on vLLM's defaults (compiled bf16), draft version 1: none, n-gram, adaptive, "
                              "merged",
@@ -230,6 +236,9 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
             "vLLM's counters as generated / (generated − accepted), since each request-step yields one token plus "
             "its accepted drafts. Best speedup per column in bold.", "", pivot(result), "",
             f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}.", ""]
+    lim = limit_table(result)
+    if lim:
+        out += lim
     ts = render_time_split(result["runs"])
     if ts:
         note = ("" if any((r.get("time_split_s") or {}).get("target_forward") for r in result["runs"])
@@ -242,6 +251,40 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
                 "tokens):", "", ad, ""]
     out += ["Acceptance rate by draft position (all concurrency levels):", "", render_acceptance(result["runs"])]
     return out + hand(notes, stem)
+
+
+def limit_table(result: dict[str, Any]) -> list[str]:
+    """Output tok/s as a fraction of each run's hardware bound (vllm_dflash/bench/limit.py), when the JSON has it."""
+    rec = result["meta"].get("limit")
+    runs = [r for r in result["runs"] if r.get("ok") and r.get("limit")]
+    if not rec or not runs:
+        return []
+    hw, m = rec["hardware"], rec["model"]
+    sets = list(dict.fromkeys(r["prompt_set"] for r in runs))
+    levels = sorted({r["concurrency"] for r in runs})
+    configs = list(dict.fromkeys(r["config"] for r in runs))
+    cell = {(r["config"], r["prompt_set"], r["concurrency"]): r for r in runs}
+    head = [f"{ps} c{c}" for ps in sets for c in levels]
+    out = [f"Fraction of the hardware limit: output tok/s over the bound of each run's own shape (`bench/limit.py`: "
+           f"per step max(weights / read bandwidth, query tokens × 2 × parameters / GEMM rate), c × tokens per "
+           f"forward per step; attention and host work left out, so the bound is optimistic). Measured before the "
+           f"servers started, on {hw['threads']} thread(s) (the worker's): read {hw['read_gb_s']:.1f} GB/s, "
+           f"{hw['dtype']} GEMM {hw['gemm_tflops'] * 1e3:.0f} GFLOP/s; target {m['params'] / 1e6:.1f} M "
+           f"parameters ({m['weight_bytes'] / 1e6:.0f} MB). Cells: fraction (limit tok/s, m = memory-bound, "
+           "c = compute-bound).", "", "| configuration | " + " | ".join(head) + " |",
+           "|---|" + "---:|" * len(head)]
+    for cfg in configs:
+        cells = []
+        for ps in sets:
+            for c in levels:
+                r = cell.get((cfg, ps, c))
+                if r is None:
+                    cells.append("–")
+                    continue
+                lim = r["limit"]
+                cells.append(f"{100 * lim['fraction']:.0f} % ({lim['limit_tok_s']:.0f} {lim['bound'][0]})")
+        out.append(f"| {cfg} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 # ---- the other result files ---------------------------------------------------------------------------------------
@@ -359,6 +402,27 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
     return out + hand(notes, "soak")
 
 
+def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    m = d["meta"]
+    hw, size = m["hardware"], m["model"]
+    out = ["## Target step cost against query tokens (where verification turns compute-bound)", ""]
+    out += provenance_block(m["started"], machine(stem, m["cpu"]), m["command"],
+                            f"{m['dtype']}, compiled, {m['threads']} thread(s) (the serving worker's), vLLM "
+                            f"{m['versions']['vllm']}, torch {m['versions']['torch']}; measured read bandwidth "
+                            f"{hw['read_gb_s']:.1f} GB/s, GEMM {hw['gemm_tflops'] * 1e3:.0f} GFLOP/s; target "
+                            f"{size['params'] / 1e6:.1f} M parameters")
+    out += ["", f"The compiled target forward (`_dummy_run(n)`) plus the logits of all n rows, median of 9. Knee "
+            f"(the verify step 20 % above one token): **{d['knee_tokens']} tokens**. Bound: bench/limit.py for n "
+            "tokens at tokens per forward 1.", "",
+            "| query tokens | forward ms | forward + logits ms | ms per token | bound ms (side) | of bound |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        out.append(f"| {r['tokens']} | {r['forward_ms']:.1f} | {r['verify_ms']:.1f} | {r['verify_ms'] / r['tokens']:.2f} "
+                   f"| {r['bound_ms']:.1f} ({r['bound']}) | {100 * r['bound_ms'] / r['verify_ms']:.0f} % |")
+    out += ["", f"![step cost](../benchmarks/results/{stem}.png)"]
+    return out + hand(notes, stem)
+
+
 def render() -> str:
     notes = read_notes()
     files = {p.stem: p for p in sorted(RESULTS.glob("*.json"))}
@@ -387,6 +451,8 @@ def render() -> str:
                 sec = depth_section(stem, d, notes)
             elif stem == "profile_train_step":
                 sec = train_section(stem, d, notes)
+            elif stem == "step_cost":
+                sec = step_cost_section(stem, d, notes)
             else:
                 raise SystemExit(f"make_docs: no renderer for benchmarks/results/{stem}.json. Fix: add one")
         if sec:

@@ -279,3 +279,64 @@ def test_needs_block_counts_only_verified_block_tokens():
     assert StepPlan(["r"], [0], [look], ["merged"], [3]).needs_block
     assert not StepPlan(["r"], [0], [look], ["dflash"], [0]).needs_block
     assert not StepPlan(["r"], [0], [look], ["ngram"], [2]).needs_block
+
+
+def test_guard_skips_measuring_off_while_the_forecast_is_a_clear_win():
+    """Measuring 'off' costs a window without speculation per batch-size bucket: with a forecast of 2x the guard
+    keeps the plan; with a marginal forecast it measures 'off' as before, and a measured loss beats any forecast."""
+    sure = SpeculationGuard(window=4, explore_every=2)
+    for _ in range(80):
+        sure.predict(2.0)
+        assert sure.arm == "plan"
+        sure.record(10.0, 1.0)
+    assert sure.rate["off"] is None
+    unsure = SpeculationGuard(window=4, explore_every=2)
+    arms = []
+    for _ in range(40):
+        unsure.predict(1.05)
+        arms.append(unsure.arm)
+        unsure.record(10.0 if unsure.arm == "plan" else 12.0, 1.0)
+    assert "off" in arms and unsure.best == "off"
+    unsure.predict(5.0)  # a rosy forecast after 'off' was measured faster does not bring the plan back
+    for _ in range(8):
+        unsure.predict(5.0)
+        unsure.record(12.0 if unsure.arm == "off" else 10.0, 1.0)
+    assert unsure.best == "off"
+
+
+def test_predicted_speedup_of_a_plan():
+    from vllm_dflash.adaptive.policy import predicted_speedup
+
+    cost = StepCostModel(alpha=0.03, beta=0.0)  # flat step cost (memory-bound): drafts are free to verify
+    gains = [np.array([0.5, 0.25])]
+    assert predicted_speedup(gains, [2], cost) == pytest.approx(1.75)
+    assert predicted_speedup(gains, [0], cost) == pytest.approx(1.0)
+    steep = StepCostModel(alpha=0.0, beta=0.01)  # compute-bound: 3 query tokens cost 3x one
+    assert predicted_speedup(gains, [2], steep) == pytest.approx(1.75 / 3)
+
+
+def test_the_draft_forward_is_weighed_as_a_cost_of_the_whole_step():
+    """One request has a prompt-lookup match, one has none. With a cheap draft forward the second drafts from the
+    DFlash block; when the forward costs more than it brings, the plan takes prompt lookup alone and the forward
+    does not run."""
+    match, nomatch = np.array([3, 4, 5, 6, 3, 4, 5]), np.array([1, 2, 3])
+    cheap = AdaptiveController(4, mode="both", clock=_Clock())
+    cheap.block_cost = StepCostModel(alpha=0.0, beta=0.0)
+    plan = cheap.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
+    assert plan.needs_block and plan.ks[1] > 0 and plan.sources[1] in ("dflash", "merged")
+    dear = AdaptiveController(4, mode="both", clock=_Clock())
+    dear.block_cost = StepCostModel(alpha=1.0, beta=0.0)  # a 1 s draft forward next to a 30 ms step
+    plan = dear.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
+    assert not plan.needs_block and plan.sources[0] == "ngram" and plan.ks[0] > 0 and plan.ks[1] == 0
+
+
+def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
+    """observe_block feeds the block's own cost model and is taken out of the next step-cost sample (the clock ticks
+    40 ms per call; a 30 ms forward leaves 10 ms for the step)."""
+    c = AdaptiveController(4, mode="dflash", clock=_Clock())
+    c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
+    c.observe_block(1, 0.03)
+    seen = []
+    c.cost.observe = lambda n, dt: seen.append((n, round(dt, 6)))
+    c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
+    assert seen == [(8, 0.01)] and c.block_cost.num_obs == 1

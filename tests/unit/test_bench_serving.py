@@ -107,7 +107,7 @@ def test_attach_baseline_and_table():
                                          "error": "boom"}])
     rows = table.splitlines()
     assert len(rows) == 2 + 5 and rows[0].startswith("| prompts | concurrency | configuration")
-    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 1.75 | 150 / 190 / 199 | 10 / 10 / 10 "
+    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 1.75 | – | – | 150 / 190 / 199 | 10 / 10 / 10 "
             "| 0/1 **1 MISMATCH** | – |") in rows
     near = {"near_ties": 1, "max_near_tie_margin": 0.04}  # an explained bf16 near-tie is not a mismatch
     assert report._exact_cell({"identical": 0, "compared": 1}, near) == "0/1 + 1 near-tie (margin ≤ 0.04)"

@@ -32,7 +32,8 @@ import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, plan_lengths, publish_plan)
+                                         cumulative_acceptance, plan_lengths, predicted_speedup,
+                                         publish_plan)
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
 PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
@@ -64,8 +65,7 @@ class StepPlan:
         rank's answer, so every rank runs the forward, with its collectives, or none does.)"""
         if self.run_block is not None:
             return self.run_block
-        return any((s == "dflash" and k > 0) or (s == "merged" and k > len(t))
-                   for s, k, t in zip(self.sources, self.ks, self.lookups))
+        return any(_needs_block(s, k, t) for s, k, t in zip(self.sources, self.ks, self.lookups))
 
     def encode(self) -> np.ndarray:
         """The decisions as [2 * B + 1] int64: source codes (PLAN_SOURCES), lengths, needs_block. B is the same on
@@ -89,6 +89,11 @@ class StepPlan:
         return self
 
 
+def _needs_block(source: str, k: int, lookup: np.ndarray) -> bool:
+    """Does verifying k tokens of this source use a DFlash token (so the draft forward must run)?"""
+    return (source == "dflash" and k > 0) or (source == "merged" and k > len(lookup))
+
+
 def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
     """The merged proposal: lookup: [m] prompt-lookup tokens, block: [>= k] DFlash tokens (None: not drafted).
     -> [k]: lookup[j] in slots j < m, block[j] in slots m <= j < k (without a block: the lookup alone, [min(m, k)])."""
@@ -106,7 +111,9 @@ class AdaptiveController:
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.acceptance = AcceptanceModel(k_max)
-        self.cost = StepCostModel()
+        self.cost = StepCostModel()  # the step without the draft forward: T(query tokens)
+        self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
+        self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
         self._bucket = 0  # batch-size bucket of the current step
         self._decided_bucket = -1  # bucket whose guard chose the arm of the previous step
@@ -135,29 +142,53 @@ class AdaptiveController:
         now = self.clock()
         dt = None
         if self._last_t is not None and decode_only and query_tokens > 0:
-            dt = now - self._last_t
+            dt = now - self._last_t - self._block_s
             if dt < 10 * self.cost(query_tokens) + 0.05:  # an idle gap between requests is not a step cost
                 self.cost.observe(query_tokens, dt)
             else:
                 dt = None
-        self._last_t = now
+        self._last_t, block_s, self._block_s = now, self._block_s, 0.0
         self._steps += 1
         self._count("request_steps", len(req_ids))
         accepted = self._score_previous(req_ids, histories)
         ran = self.guards.get(self._decided_bucket)  # the guard whose arm ran the step just verified
         if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
-            ran.record(len(req_ids) + accepted, dt)
+            ran.record(len(req_ids) + accepted, dt + block_s)  # the guard judges the whole step
         self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
         self._prune(req_ids)
 
         lookups = [self._lookup(h) for h in histories]
+        sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
+        self.guard.predict(forecast)  # the forecast, in either arm
         if self.guard.arm == "off":  # measured: no speculation is faster here (or being re-measured)
             sources, ks = ["none"] * len(req_ids), [0] * len(req_ids)
-        else:
-            chosen = [self._choose(rid, len(t)) for rid, t in zip(req_ids, lookups)]
-            sources = [src for src, _ in chosen]
-            ks = plan_lengths([p for _, p in chosen], self.cost, extra_tokens=extra_tokens)
         return StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
+
+    def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],
+                   extra_tokens: int) -> tuple[list[str], list[int], float]:
+        """Sources and lengths of the step, and their forecast speed-up over no speculation. The draft forward is a
+        cost of the whole step, paid once if any request verifies a DFlash token: the best plan with the block is
+        weighed against the best plan from prompt lookup alone, each with its full cost.
+        -> (sources, lengths, forecast)."""
+        B = len(req_ids)
+        plans = []
+        for block in (True, False) if self.mode != "ngram" else (False,):
+            chosen = [self._choose(rid, len(t), block) for rid, t in zip(req_ids, lookups)]
+            gains = [p for _, p in chosen]
+            ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+            sources = [src for src, _ in chosen]
+            uses = any(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))
+            fixed = self.block_cost(B) if uses else 0.0
+            plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
+            if not uses:
+                break  # the plan with the block did not use it: it is the prompt-lookup plan already
+        forecast, sources, ks = max(plans, key=lambda x: x[0])
+        return sources, ks, forecast
+
+    def observe_block(self, rows: int, seconds: float) -> None:
+        """The draft forward of this step ran over `rows` batch rows in `seconds` (wall clock): its cost model."""
+        self._block_s += seconds
+        self.block_cost.observe(rows, seconds)
 
     def propose(self, plan: StepPlan, block: np.ndarray | None) -> list[list[int]]:
         """-> draft token ids per request of the plan (variable length, possibly empty).
@@ -239,10 +270,13 @@ class AdaptiveController:
             return np.zeros(0, dtype=np.int64)
         return prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
 
-    def _candidates(self, m: int) -> list[tuple[str, int]]:
+    def _candidates(self, m: int, block: bool = True) -> list[tuple[str, int]]:
         """(source, proposal length) a request with m prompt-lookup tokens can verify. Under 'both' the merge is a
-        candidate of its own only where it differs from both parts (0 < m < k_max)."""
+        candidate of its own only where it differs from both parts (0 < m < k_max). block=False: only what needs no
+        draft forward (the lookup's own tokens)."""
         k = self.k_max
+        if not block:
+            return [("ngram" if self.mode in ("both", "ngram") else "merged", m)] if m else []
         if self.mode == "dflash":
             return [("dflash", k)]
         if self.mode == "ngram":
@@ -251,12 +285,12 @@ class AdaptiveController:
             return [("merged", k)]
         return [("dflash", k)] + ([("ngram", m)] if m else []) + ([("merged", k)] if 0 < m < k else [])
 
-    def _choose(self, rid: str, m: int) -> tuple[str, np.ndarray]:
+    def _choose(self, rid: str, m: int, block: bool = True) -> tuple[str, np.ndarray]:
         """The source with the larger expected accepted length Σ P(i) for this request (it depends only on the
         proposal's length, so the choice precedes the draft forward).
         -> (source or 'none', P(i) = probability drafts 1..i are all accepted, over its proposal)."""
         best = ("none", np.zeros(0))
-        for src, n in self._candidates(m):
+        for src, n in self._candidates(m, block):
             p = cumulative_acceptance(self.acceptance.rates(rid, src), n)
             if p.sum() > best[1].sum():
                 best = (src, p)

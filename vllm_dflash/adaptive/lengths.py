@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, plan_lengths, publish_plan)
+                                         cumulative_acceptance, plan_lengths, predicted_speedup, publish_plan)
 
 ANY = "any"  # context when prompt lookup is not a source (adaptive "dflash")
 CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's per-source ones
@@ -74,11 +74,14 @@ class LengthPlanner:
         contexts = contexts or [ANY] * len(req_ids)
         bucket = batch_bucket(len(req_ids))
         g = self.guard(bucket)
-        if not req_ids or g.arm == "off":
-            ks = [0] * len(req_ids)
+        if not req_ids:
+            ks = []
         else:
             gains = [cumulative_acceptance(self.acceptance.rates(r, c), self.k_max) for r, c in zip(req_ids, contexts)]
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+            g.predict(predicted_speedup(gains, ks, self.cost, extra_tokens))  # the forecast, in either arm
+            if g.arm == "off":
+                ks = [0] * len(req_ids)
         self._count("proposals_none", sum(1 for k in ks if k == 0))
         publish_plan(self.metrics, ks, self.cost, g)
         return ks, (bucket, g.arm, dict(zip(req_ids, contexts)))

@@ -132,18 +132,41 @@ def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int
     return k
 
 
+def predicted_speedup(gains: list[np.ndarray], ks: list[int], cost: StepCostModel, extra_tokens: int = 0,
+                      fixed_seconds: float = 0.0) -> float:
+    """The models' own forecast for a plan: expected output tokens/s of the step with lengths ks over the same step
+    without drafts (1.0: no gain). gains as for `plan_lengths`; fixed_seconds: a cost the plan adds whatever its
+    lengths (the draft forward, when some request verifies DFlash tokens)."""
+    B = len(gains)
+    if B == 0:
+        return 1.0
+    n0 = float(B + extra_tokens)
+    drafted = sum(ks)
+    tokens = B + sum(float(np.sum(g[:k])) for g, k in zip(gains, ks))
+    return (tokens / (cost(n0 + drafted) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0))
+
+
 class SpeculationGuard:
     """A measured safety net over the model-based plan: the realised output tokens/s of the plan ('plan') and of no
     speculation ('off') are compared in windows of `window` steps; the better arm runs and the other is re-measured
     after `explore_every` windows. Each re-measurement that confirms the winner doubles that gap (up to
     `max_gap`); a flip resets it. It catches what the step-cost model does not see (fixed costs of the speculative
     path, batch effects), so speculation that does not pay on this machine turns itself off, and stays off at
-    little exploration cost."""
+    little exploration cost.
+
+    Measuring 'off' costs a window of steps without speculation, which is the price of every batch-size bucket's
+    first windows in a short burst of traffic. So the guard only measures 'off' while the models' own forecast of
+    the plan (`predict`: output tokens/s of the plan over no speculation, from measured acceptance and measured step
+    times) is below `sure_speedup`; where the forecast is a clear win it keeps the plan. A measured loss still wins
+    over any forecast: once 'off' was measured faster, it runs."""
 
     ARMS = ("plan", "off")
 
-    def __init__(self, window: int = 12, explore_every: int = 4, max_gap: int = 32, ema: float = 0.5):
+    def __init__(self, window: int = 12, explore_every: int = 4, max_gap: int = 32, ema: float = 0.5,
+                 sure_speedup: float = 1.3):
         self.window, self.explore_every, self.max_gap, self.ema = window, explore_every, max_gap, ema
+        self.sure_speedup = sure_speedup
+        self.forecast: float | None = None  # EMA of the plan's forecast speed-up (`predict`)
         self.rate: dict[str, float | None] = {a: None for a in self.ARMS}
         self.arm = "plan"  # the arm of the current window
         self.windows = 0
@@ -151,6 +174,15 @@ class SpeculationGuard:
         self._since_explore = 0
         self._exploring = False
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
+
+    def predict(self, speedup: float) -> None:
+        """The planner's forecast for this step's plan (`predicted_speedup`)."""
+        self.forecast = speedup if self.forecast is None else 0.8 * self.forecast + 0.2 * speedup
+
+    @property
+    def sure(self) -> bool:
+        """Is the forecast a clear win, so that measuring 'off' would only cost steps?"""
+        return self.forecast is not None and self.forecast >= self.sure_speedup and self.rate["off"] is None
 
     @property
     def best(self) -> str:
@@ -174,8 +206,11 @@ class SpeculationGuard:
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
         self.windows += 1
         untried = [a for a in self.ARMS if self.rate[a] is None]
-        if untried:
+        if untried and not (untried == ["off"] and self.sure):
             self.arm = untried[0]
+            return
+        if self.sure:  # 'off' never measured and the plan forecast a clear win: keep it
+            self.arm = "plan"
             return
         if self._exploring:  # a re-measurement of the loser just ended
             self._exploring = False

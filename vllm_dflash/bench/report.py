@@ -35,21 +35,30 @@ def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], li
 def render_table(runs: list[dict[str, Any]]) -> str:
     """The main results table, one row per run (prompt set, concurrency, configuration)."""
     lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | tokens / forward "
-             "| TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | greedy identical to none | load avg 1m |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) "
+             "| greedy identical to none | load avg 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if not r.get("ok"):
             lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | failed: {r.get('error', '?')} "
-                         "| | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         sd, vs = r.get("spec_decode") or {}, r.get("vs_baseline")
         load = "–" if not r.get("loadavg_1m") else "{:.1f}–{:.1f}".format(*r["loadavg_1m"])  # machine noise
         same = "–" if vs is None else _exact_cell(vs, r.get("exactness"))
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {_f(r['output_tok_s'])} "
                      f"| {_f(r.get('speedup'), '{:.2f}×')} | {_f(sd.get('tau'), '{:.2f}')} "
-                     f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_pcts(r['ttft_ms'])} "
+                     f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_limit_cells(r.get('limit'))} "
+                     f"| {_pcts(r['ttft_ms'])} "
                      f"| {_pcts(r['tpot_ms'])} | {same} | {load} |")
     return "\n".join(lines)
+
+
+def _limit_cells(lim: dict[str, Any] | None) -> str:
+    """'limit (memory|compute) | fraction' of a run (bench/limit.py), or dashes for a result without one."""
+    if not lim:
+        return "– | –"
+    return f"{lim['limit_tok_s']:.0f} ({lim['bound']}) | {100 * lim['fraction']:.0f} %"
 
 
 def _exact_cell(vs: dict[str, Any], ex: dict[str, Any] | None) -> str:
@@ -114,6 +123,16 @@ def render_time_split(runs: list[dict[str, Any]]) -> str | None:
     return "\n".join(lines)
 
 
+def _limit_inputs(rec: dict[str, Any] | None) -> str:
+    if not rec:
+        return ""
+    hw, m = rec["hardware"], rec["model"]
+    return (f". Inputs, measured before the servers started on {hw['threads']} thread(s): read bandwidth "
+            f"{hw['read_gb_s']:.1f} GB/s, {hw['dtype']} GEMM {hw['gemm_tflops'] * 1e3:.0f} GFLOP/s at the target's "
+            f"MLP shape {tuple(hw['gemm_shape'])}; target {m['params'] / 1e6:.1f} M parameters, "
+            f"{m['weight_bytes'] / 1e6:.0f} MB")
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
@@ -153,7 +172,10 @@ def render_markdown(result: dict[str, Any]) -> str:
     out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency; "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
-            "with a fixed block every decode step verifies drafts, so τ is it there)", "",
+            "with a fixed block every decode step verifies drafts, so τ is it there); limit = the hardware bound "
+            "of the run's shape (bench/limit.py: max(weights / measured read bandwidth, query tokens × 2 × "
+            "parameters / measured GEMM rate) per step, c × tokens per forward per step; attention and host work "
+            "left out, so it is optimistic)" + _limit_inputs(result["meta"].get("limit")), "",
             render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
             render_acceptance(result["runs"]), ""]
     ts = render_time_split(result["runs"])

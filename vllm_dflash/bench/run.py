@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_dflash import settings
-from vllm_dflash.bench import stats
+from vllm_dflash.bench import limit, stats
 from vllm_dflash.serve import tau
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
@@ -363,6 +363,8 @@ def run_from_args(a: argparse.Namespace) -> int:
     if a.cpu_bind:
         base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
+    hw, size = _hardware(target, dtype, a.threads)
+    meta["limit"] = limit.hardware_record(hw, size)
     result: dict[str, Any] = {"meta": meta, "configs": {}, "runs": []}
     from transformers import AutoTokenizer
 
@@ -384,6 +386,7 @@ def run_from_args(a: argparse.Namespace) -> int:
                         log_path=str(log_dir / f"{cfg.name}.log"))
         result["runs"] += _bench_config(server, cfg, entry, prompts, levels, a, t_start, baseline, tokenizer)
     stats.attach_baseline(result["runs"])
+    attach_limits(result, hw, size)
     result["losslessness"] = _losslessness(result["runs"])
     meta["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["elapsed_s"] = round(time.time() - t_start, 1)
@@ -397,6 +400,29 @@ def run_from_args(a: argparse.Namespace) -> int:
     if not any(r.get("ok") for r in result["runs"]):
         return 1
     return 3 if real and a.fail_on_mismatch else 0
+
+
+def _hardware(target: Path, dtype: str, threads: int) -> tuple[limit.Hardware, limit.ModelSize]:
+    """Measured once before any server starts (the machine is quiet then): the inputs of the limit column."""
+    import torch
+
+    tdt = getattr(torch, dtype)
+    size = limit.model_size(target, tdt)
+    hw = limit.measure_hardware(threads, tdt, size.hidden, size.intermediate)
+    print(f"hardware ({threads} thread(s)): read {hw.read_gb_s:.1f} GB/s, {dtype} GEMM {hw.gemm_tflops * 1e3:.0f} "
+          f"GFLOP/s; target {size.params / 1e6:.0f} M parameters = {size.weight_bytes / 1e6:.0f} MB", flush=True)
+    return hw, size
+
+
+def attach_limits(result: dict[str, Any], hw: limit.Hardware, size: limit.ModelSize) -> None:
+    """Per run: the hardware limit of its shape (limit.py) and the measured fraction of it."""
+    for r in result["runs"]:
+        if not r.get("ok"):
+            continue
+        tpf, q = limit.run_shape(r)
+        lim = limit.limit_tok_s(hw, size, r["concurrency"], tpf, q)
+        r["limit"] = {**lim, "tokens_per_forward": tpf, "query_per_request": q,
+                      "fraction": r["output_tok_s"] / lim["limit_tok_s"]}
 
 
 def _tau(run: dict[str, Any]) -> str:

@@ -361,7 +361,12 @@ class DFlashDrafter(DFlashProposer):
         plan = self.controller.plan(req_ids, hists, query_tokens=qsl[B], decode_only=decode_only,
                                     extra_tokens=prefill_tokens)
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
-        planned = self.controller.propose(plan, self._block(draft, rows) if plan.needs_block else None)
+        block = None
+        if plan.needs_block:
+            t0 = time.perf_counter()
+            block = self._block(draft, rows)  # on GPU, its copy to the host waits for the forward: wall time is right
+            self.controller.observe_block(B, time.perf_counter() - t0)
+        planned = self.controller.propose(plan, block)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
             out[i] = toks

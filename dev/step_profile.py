@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where an engine step's wall time goes, per configuration, in process (offline `LLM`, vLLM's defaults: compiled).
+
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python dev/step_profile.py --configs none,ngram,ours-adaptive --concurrency 32
+
+Wraps (outermost call only): the scheduler, the target forward, target logits, the (rejection) sampler, drafting, and
+the engine step. Prints per-step means (ms) and query tokens per step; --json writes every step's record."""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+from collections import defaultdict
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+REC: list[dict] = []
+CUR: dict = defaultdict(float)
+DEPTH: dict = defaultdict(int)
+
+
+def wrap(obj, name, key):
+    f = getattr(obj, name)
+
+    @functools.wraps(f)  # keeps the signature: the plugin's seam check inspects some of these
+    def w(*a, **k):
+        DEPTH[key] += 1
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            DEPTH[key] -= 1
+            if DEPTH[key] == 0:
+                CUR[key] += time.perf_counter() - t
+    setattr(obj, name, w)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="none,ngram,ours-adaptive")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--prompts", default="humaneval")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--config", default=None, help="(internal) run one config in this process")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if a.config is None:  # one process per configuration (vLLM state does not reset between engines)
+        import subprocess
+        import sys
+        for c in a.configs.split(","):
+            subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
+                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens)]
+                           + (["--json", f"{a.json}.{c}.json"] if a.json else []), check=True)
+        return
+
+    from vllm import LLM, SamplingParams
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    from vllm_dflash.bench.configs import REGISTRY
+    from vllm_dflash.bench.run import load_prompt_set
+    from vllm_dflash.drafts import resolve_draft_arg
+    from vllm_dflash.target import resolve_target
+
+    target = resolve_target(None)
+    draft, _ = resolve_draft_arg(None, target, default_target=True)
+    cfg = REGISTRY[a.config]
+    spec = cfg.speculative_config(str(draft), 7)
+    for k, v in (getattr(cfg, "env", None) or {}).items():
+        os.environ[k] = v
+    R = gmr.GPUModelRunner
+    wrap(R, "_model_forward", "fwd")
+    wrap(R, "propose_draft_token_ids", "draft")
+    wrap(RejectionSampler, "forward", "rej")
+    wrap(Sampler, "forward", "samp")
+    if a.config.startswith("ours"):  # the drafter's parts
+        from vllm_dflash.adaptive.controller import AdaptiveController
+        from vllm_dflash.integration import proposer as P
+        from vllm_dflash.integration import vllm_model as VM
+        prop = P.DFlashDrafter
+        for name in ("set_inputs_first_pass", "build_per_group_and_layer_attn_metadata",
+                     "build_model_inputs_first_pass", "_block", "_adaptive"):
+            if hasattr(prop, name):
+                wrap(prop, name, "p." + name)
+        wrap(AdaptiveController, "plan", "p.plan")
+        for v in vars(VM).values():
+            if isinstance(v, type) and hasattr(v, "combine_hidden_states"):
+                wrap(v, "combine_hidden_states", "p.combine")
+    llm = LLM(model=str(target), dtype="bfloat16", max_model_len=2048, max_num_seqs=max(a.concurrency, 8),
+              speculative_config=spec, seed=0)
+    core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
+    sched = core.scheduler
+    wrap(sched, "schedule", "sched")
+    model = core.model_executor.driver_worker.worker.model_runner.model
+    wrap(model, "compute_logits", "logits")
+    f = core.step_fn  # bound at init (step or step_with_batch_queue); the in-process client calls it
+
+    def stepw(*x, **k):
+        CUR.clear()
+        t = time.perf_counter()
+        out = f(*x, **k)
+        rec = dict(CUR)
+        rec["step"] = time.perf_counter() - t
+        rec["query_tokens"] = LAST.pop("n", 0)
+        rec["reqs"] = LAST.pop("b", 0)
+        REC.append(rec)
+        return out
+    core.step_fn = stepw
+    LAST: dict = {}
+    orig_sched = sched.schedule
+
+    def sched_w(*x, **k):
+        out = orig_sched(*x, **k)
+        LAST["n"] = out.total_num_scheduled_tokens
+        LAST["b"] = len(out.num_scheduled_tokens)
+        return out
+    sched.schedule = sched_w
+
+    items = load_prompt_set(a.prompts, 2 * a.concurrency + 1)
+    sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
+    llm.chat([items[-1]["messages"]], sp, use_tqdm=False)  # warm-up
+    llm.chat([it["messages"] for it in items[: a.concurrency]], sp, use_tqdm=False)  # warm-up at this batch
+    REC.clear()
+    t0 = time.perf_counter()
+    outs = llm.chat([it["messages"] for it in items[a.concurrency: 2 * a.concurrency]], sp, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    ntok = sum(len(o.outputs[0].token_ids) for o in outs)
+    dec = [r for r in REC if r["query_tokens"] and r.get("reqs")]
+    keys = ["step", "sched", "fwd", "logits", "rej", "samp", "draft"]
+    pk = sorted({k for r in dec for k in r if k.startswith("p.")})
+    mean = {k: 1e3 * sum(r.get(k, 0.0) for r in dec) / max(len(dec), 1) for k in keys}
+    mean["other"] = mean["step"] - sum(mean[k] for k in keys[1:])
+    qt = sum(r["query_tokens"] for r in dec) / max(len(dec), 1)
+    import torch
+    print(f"[{a.config}] torch threads {torch.get_num_threads()}, affinity {sorted(os.sched_getaffinity(0))}")
+    print(f"{a.config:14s} c{a.concurrency} {ntok} tok in {wall:.1f} s = {ntok / wall:.1f} tok/s; {len(dec)} steps, "
+          f"{qt:.1f} query tokens/step; ms/step: " + " ".join(f"{k} {v:.1f}" for k, v in mean.items()), flush=True)
+    if pk:
+        print("  drafter parts ms/step: " + " ".join(f"{k[2:]} {1e3 * sum(r.get(k, 0.0) for r in dec) / len(dec):.2f}"
+                                              for k in pk), flush=True)
+    if a.json:
+        json.dump({"config": a.config, "wall": wall, "tokens": ntok, "steps": dec}, open(a.json, "w"))
+
+
+if __name__ == "__main__":
+    main()
