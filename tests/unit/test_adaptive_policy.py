@@ -340,3 +340,22 @@ def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
     c.cost.observe = lambda n, dt: seen.append((n, round(dt, 6)))
     c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
     assert seen == [(8, 0.01)] and c.block_cost.num_obs == 1
+
+
+def test_a_measured_off_arm_plans_nothing():
+    """Once 'off' was measured faster for this batch size, a step does no prompt lookup and no planning: the host
+    work of a non-speculating step does not grow with the batch."""
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    calls = []
+    orig = c._lookup
+    c._lookup = lambda h: (calls.append(1), orig(h))[1]
+    ids = [f"r{i}" for i in range(32)]
+    hist = np.array([3, 4, 5, 6, 3, 4, 5])
+    c.plan(ids, [hist] * 32, query_tokens=32, decode_only=True)
+    assert len(calls) == 32  # planning as usual
+    g = c.guards[c._bucket]
+    g.arm, g.rate["off"], g.rate["plan"] = "off", 12.0, 10.0
+    calls.clear()
+    plan = c.plan(ids, [hist] * 32, query_tokens=32, decode_only=True)
+    assert calls == [] and plan.sources == ["none"] * 32 and not plan.needs_block
+    assert c.propose(plan, None) == [[]] * 32

@@ -122,6 +122,7 @@ class AdaptiveController:
         self._pending: dict[str, _Pending] = {}
         self._last_t: float | None = None
         self._steps = 0
+        self.skip_when_off = True  # a measured-off step plans nothing (False: plan anyway, e.g. a TP follower rank)
 
     @property
     def guard(self) -> SpeculationGuard:
@@ -157,11 +158,17 @@ class AdaptiveController:
         self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
         self._prune(req_ids)
 
+        B = len(req_ids)
+        if self.skip_when_off and self.guard.arm == "off" and self.guard.rate["off"] is not None:
+            # measured: no speculation is faster here (or being re-measured). The forecast only steers the guard
+            # before 'off' was measured, so nothing is planned: no lookups, no planning cost at any batch size.
+            empty = np.zeros(0, dtype=np.int64)
+            return StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B)
         lookups = [self._lookup(h) for h in histories]
         sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
-        self.guard.predict(forecast)  # the forecast, in either arm
-        if self.guard.arm == "off":  # measured: no speculation is faster here (or being re-measured)
-            sources, ks = ["none"] * len(req_ids), [0] * len(req_ids)
+        self.guard.predict(forecast)
+        if self.guard.arm == "off":  # 'off' being measured for the first time
+            sources, ks = ["none"] * B, [0] * B
         return StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
 
     def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],

@@ -159,6 +159,8 @@ class DFlashDrafter(DFlashProposer):
                                  f"each request's draft length). Fix: --scheduler-cls {ADAPTIVE_SCHEDULER}, or drop "
                                  "--async-scheduling, or set speculative_config.adaptive to false")
             self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics)
+            # TP > 1: a rank may adopt rank 0's plan where its own guard was off, so it keeps its lookups every step
+            self.controller.skip_when_off = self._tp is None
             if self.overlap:
                 from vllm_dflash.adaptive.history import TokenHistory
 
