@@ -49,6 +49,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "eval_humaneval164": {"machine": "epyc-avx2"},
     "eval_humaneval164_v3": {"machine": "xeon-bf16"},
     "bench_v3": {"machine": "xeon-bf16"},
+    "bench_v5": {"machine": "epyc-bf16"},
     "bench_v4": {"machine": "epyc-bf16"},
     "step_cost": {"machine": "epyc-bf16"},
     "kv_injection": {"machine": "epyc-avx2",
@@ -61,7 +62,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "soak", "bench_serving_quick"]
 
@@ -139,8 +140,9 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append("--ignore-eos")
     if m.get("num_speculative_tokens") != BENCH_DEFAULTS["num_speculative_tokens"]:
         cmd.append(f"--num-spec-tokens {m['num_speculative_tokens']}")
-    if lay.get("omp_num_threads") != BENCH_DEFAULTS["threads"]:
-        cmd.append(f"--threads {lay['omp_num_threads']}")
+    if not m.get("quick"):  # the layout, always explicit (the full run's default changed in 0.2.0)
+        bind = str(lay.get("cpu_bind", "auto"))
+        cmd.append(f"--threads {lay.get('omp_num_threads', 1)} --cpu-bind {'auto' if bind.startswith('auto') else bind}")
     if eng.get("kv_cache_gib") != BENCH_DEFAULTS["kv_cache_gib"]:
         cmd.append(f"--kv-cache-gib {eng['kv_cache_gib']}")
     if eng.get("max_model_len") != BENCH_DEFAULTS["max_model_len"]:
@@ -206,8 +208,10 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v4": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3, step-cost-aware "
-                         "adaptive drafting: none, n-gram, fixed block, adaptive, merged",
+    title = {"bench_v5": "Serving compiled bf16 with every core bound to the worker (the benchmark's default layout "
+                         "since 0.2.0), bundled draft version 3: none, n-gram, fixed block, adaptive, merged",
+             "bench_v4": "Serving on vLLM's defaults (compiled bf16, vLLM's default layout), bundled draft version 3, "
+                         "step-cost-aware adaptive drafting: none, n-gram, fixed block, adaptive, merged",
              "bench_v3": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3: none, n-gram, fixed "
                          "block, adaptive, merged",
              "bench_merged": "Serving on vLLM's defaults (compiled bf16), draft version 1: none, n-gram, adaptive, "

@@ -27,10 +27,15 @@ logger = get_logger(__name__)
 DEFAULT_OUT_DIR = "bench-results"
 # --quick and the full run differ only in these defaults (an explicit flag wins in both).
 # Quick: each `vllm serve` start costs 1-3 min on 2 busy cores, so it leaves out ngram and ours-adaptive.
+_ALL_CORES = f"0-{(os.cpu_count() or 1) - 1}"
+# Layout of the full run: every core bound to the model worker (OMP_NUM_THREADS = cores). Measured on a 2-core
+# bf16 CPU (benchmarks/benchmark_notes.md, bench_v4 against bench_v5): no speculation 40 / 206 / 306 tok/s at
+# c1 / c8 / c32 against 32 / 167 / 204 with vLLM's default (the worker on one core), our default drafter higher at
+# every level too. The quick run keeps vLLM's default layout (light on a busy CI machine).
 PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32", "num_prompts": 16, "max_tokens": 256,
-                    "name": "bench_serving"},
+                    "name": "bench_serving", "threads": os.cpu_count() or 1, "cpu_bind": _ALL_CORES},
            "quick": {"configs": "none,vllm-dflash,ours", "concurrency": "1,8", "num_prompts": 2, "max_tokens": 32,
-                     "name": "bench_serving_quick"}}
+                     "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
                                 "adaptive") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
@@ -59,8 +64,10 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
     p.add_argument("--max-tokens", type=int, default=None, help="max output tokens per request (default 256; quick 32)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
     p.add_argument("--num-spec-tokens", type=int, default=None, help="DFlash drafts per step (default: block size - 1)")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every server")
-    p.add_argument("--cpu-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of every server (default: vLLM's auto)")
+    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every server (default: every core, "
+                   f"{PRESETS['full']['threads']} here; quick: 1)")
+    p.add_argument("--cpu-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of every server; 'auto' = vLLM's default "
+                   f"layout (the worker on one core) (default: every core to the worker, {_ALL_CORES} here; quick: auto)")
     p.add_argument("--kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE of every server")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM's max_model_len of every server")
     p.add_argument("--max-num-seqs", type=int, default=None,
@@ -332,9 +339,11 @@ def run_from_args(a: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     preset = PRESETS["quick" if a.quick else "full"]
-    for k in ("configs", "concurrency", "num_prompts", "max_tokens", "name"):
+    for k in ("configs", "concurrency", "num_prompts", "max_tokens", "name", "threads", "cpu_bind"):
         if getattr(a, k) is None:
             setattr(a, k, preset[k])
+    if a.cpu_bind == "auto":
+        a.cpu_bind = None  # vLLM's own choice
     levels = sorted({int(c) for c in _csv(a.concurrency)})
     configs = select(_csv(a.configs), a.spec_extra, a.env)
     prompt_sets = _csv(a.prompt_sets)
