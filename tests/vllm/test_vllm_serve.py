@@ -68,3 +68,30 @@ def test_serve_end_to_end(pair, tmp_path):
     assert srv.proc.poll() is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_a_restart_with_a_fixed_metrics_dir_counts_only_its_own_steps(pair, tmp_path):
+    """DFLASH_METRICS_DIR fixed by the user outlives a server: the next server's /metrics must not add the previous
+    server's counters (its workers' snapshot files are still in the folder), and it prunes those files at start."""
+    from openai import OpenAI
+
+    target = str(pair / "target")
+    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
+    fixed = tmp_path / "metrics"
+    counts, files = [], []
+    for run in range(2):
+        srv = Server(target, speculative_config=spec, log_path=str(tmp_path / f"serve{run}.log"), max_model_len=512,
+                     dtype="float32", env={"OMP_NUM_THREADS": "1", "DFLASH_METRICS_DIR": str(fixed)})
+        srv.start(timeout=400)
+        try:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="none")
+            client.completions.create(model="target", prompt=PROMPTS[0], max_tokens=24, temperature=0)
+            time.sleep(1.5)  # metric snapshots flush every 0.5 s
+            m = srv.metrics()
+            counts.append((m["vllm_dflash:draft_steps_total"], m["vllm:spec_decode_num_drafts_total"]))
+            files.append(sorted(p.name for p in fixed.glob("proc-*.json")))
+        finally:
+            srv.stop()
+    assert counts[0][0] > 0 and counts[1][0] > 0
+    assert counts[1][0] == counts[0][0], f"the second server's count includes the first's: {counts}"
+    assert not set(files[0]) & set(files[1]), f"the first server's snapshots were not pruned: {files}"
