@@ -173,6 +173,12 @@ class DFlashSettings:
             "the kernel benchmark (vllm_dflash/bench/kernels.py) does); fused = the kernel or an error; reference = PyTorch "
             "(debugging, comparisons).",
         fix="use 'auto', 'fused' or 'reference'")
+    defer_injection: bool = _setting(
+        True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
+        doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "
+            "call before the next draft forward (or at 4,096 held rows), instead of every step; the draft sees the "
+            "same cache. false = inject every step.",
+        fix="use true or false")
     drafter: str = _setting(
         "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=_choice("ours", "vllm"),
         doc="Which drafter serves method dflash: ours, or vLLM's built-in one on the same checkpoint (side-by-side "

@@ -3,8 +3,9 @@
 
 Usage: python tests/support/vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
-overrides, llm_kwargs, expect_error (a substring: the LLM build must fail with it). vLLM's import
-costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
+overrides, llm_kwargs, expect_error (a substring: the LLM build must fail with it), patch (code run before the
+LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
+vLLM's import costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
 import gc
 import json
 import os
@@ -54,6 +55,9 @@ def run_one(spec: dict) -> dict:
         reps.append({"tokens": [list(o.outputs[0].token_ids) for o in again],
                      "counters": {k: after[k] - before.get(k, 0.0) for k in after},
                      "cached_tokens": [o.num_cached_tokens for o in again]})
+    probe = {}  # test-only inspection of the engine after the runs (`llm`, `probe` in scope; JSON-able values)
+    if spec.get("after"):
+        exec(spec["after"], {"llm": llm, "probe": probe})
     metrics = {}
     for m in llm.get_metrics():
         if m.name.startswith(("vllm:spec_decode", "vllm:dflash")):
@@ -61,7 +65,7 @@ def run_one(spec: dict) -> dict:
     res = {"async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
            "tokens": [list(o.outputs[0].token_ids) for o in outs], "texts": [o.outputs[0].text for o in outs],
            "finish": [o.outputs[0].finish_reason for o in outs], "metrics": metrics, "repeats": reps, "first_counters": first,
-           "cached_tokens": [o.num_cached_tokens for o in outs]}
+           "cached_tokens": [o.num_cached_tokens for o in outs], "probe": probe}
     for k in spec.get("env", {}):
         os.environ.pop(k, None)
     del llm

@@ -69,8 +69,12 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract(
         "vllm.v1.spec_decode.dflash:DFlashProposer", "class", "integration/proposer.py",
         "base class of `DFlashDrafter` (input kernel, attention metadata, draft KV cache, sampling)",
-        "`set_inputs_first_pass` writes query ids / positions / slots for [bonus, MASK x K] per request and returns a "
-        "new `CommonAttentionMetadata`; `build_model_inputs_first_pass` calls `model.precompute_and_store_context_kv`; "
+        "`set_inputs_first_pass` writes query ids / positions / slots for [bonus, MASK x K] per request and the "
+        "context rows' positions / slots into `_context_positions_buffer` / `_context_slot_mapping_buffer` (first "
+        "`_dflash_num_context` rows), and returns a new `CommonAttentionMetadata`; `build_model_inputs_first_pass` "
+        "calls `model.precompute_and_store_context_kv` and returns `input_ids[:n]`, `_get_positions(n)` (deferred "
+        "injection, integration/deferred_context.py, builds the same inputs itself after one injection of the held "
+        "rows); "
         "`propose` has the signature of `SpecDecodeBaseProposer.propose`; `input_ids` is the draft's input buffer "
         "(re-masked between denoising passes). `load_model(target_model)`: with `DFLASH_PROFILE=1` we wrap that "
         "instance's `forward` with a host timer (CPU, `enforce_eager`: the runner calls this module once per engine "
@@ -83,6 +87,7 @@ CONTRACTS: tuple[Contract, ...] = (
                  Sig("build_model_inputs_first_pass", ("num_tokens", "num_input_tokens", "mm_embed_inputs")),
                  Sig("_determine_batch_execution_and_padding", ("num_tokens",)),
                  Sig("_get_slot_mapping", ("num_tokens", "slot_mapping")),
+                 Sig("_get_positions", ("num_tokens",)),
                  Sig("_sample_draft_tokens", ("hidden_states", "sampling_metadata")),
                  Sig("load_model", ("target_model",), exact=True),
                  Sig("propose", ("num_speculative_tokens", "target_token_ids", "target_positions",
@@ -90,7 +95,8 @@ CONTRACTS: tuple[Contract, ...] = (
                                  "common_attn_metadata", "sampling_metadata", "mm_embed_inputs",
                                  "num_rejected_tokens_gpu", "slot_mappings"), exact=True)),
         attrs=("vllm_config", "model", "input_ids", "parallel_drafting_token_id", "num_speculative_tokens",
-               "_enable_probabilistic_draft_probs", "_last_draft_probs"),
+               "_enable_probabilistic_draft_probs", "_last_draft_probs", "_dflash_num_context",
+               "_context_positions_buffer", "_context_slot_mapping_buffer"),
         test="tests/vllm/test_vllm_drafter.py"),
     Contract(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM", "class", "integration/vllm_model.py",
