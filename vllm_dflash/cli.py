@@ -103,7 +103,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                     use_target_features=not a.no_target_features, standardize_features=a.standardize_features,
                     train_fraction=a.train_fraction, greedy_only=a.greedy_only, precision=a.precision,
                     run_steps=a.run_steps, run_minutes=a.run_minutes, device=a.device,
-                    time_budget_minutes=a.time_budget_minutes)
+                    time_budget_minutes=a.time_budget_minutes,
+                    hint_ngram=tuple(a.hints) if a.hints else None, hint_prob=a.hint_prob)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -245,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--standardize-features", action="store_true",
                    help="fc sees per-dimension standardised features, folded into fc at export (new runs only; "
                         "no gain measured on SmolLM2)")
+    s.add_argument("--hints", type=int, nargs=2, metavar=("MIN_N", "MAX_N"), default=None,
+                   help="train a hinted draft: blocks [anchor, h1 .. hm, MASK ..] with the prompt-lookup continuation "
+                        "(n-grams MIN_N..MAX_N, e.g. 2 4, as served) of each anchor's context (new runs and "
+                        "--init-draft; stored in the draft's dflash_config.hint_ngram) (default: a plain draft)")
+    s.add_argument("--hint-prob", type=float, default=0.75,
+                   help="hinted drafts: share of blocks fed their hints where the lookup matches (the rest are plain)")
     s.set_defaults(fn=cmd_train)
 
     s = parser("export", "a training run's latest checkpoint -> a serving draft folder (bf16)")

@@ -134,6 +134,10 @@ class DFlashConfig:
     diffusion_steps: int = 1
     # False: an ablation baseline trained WITHOUT target features (context K/V from zeros); not servable.
     use_target_features: bool = True
+    # A hinted draft (dflash_config.hint_ngram = [min_n, max_n]): its block is [anchor, h1 .. hm, MASK ..] where h is
+    # the prompt-lookup continuation (adaptive/ngram.py, these n-gram sizes) of the context up to the anchor; None:
+    # the plain block [anchor, MASK ..]. Trained and served with the same lookup.
+    hint_ngram: tuple[int, int] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +176,12 @@ class DFlashConfig:
                                     "use at most the target vocabulary size, or drop the key for the full vocabulary")
         if self.diffusion_steps < 1:
             raise DFlashConfigError("diffusion_steps", f"got {self.diffusion_steps}", "use 1 (single pass) or more")
+        if self.hint_ngram is not None:
+            hn = tuple(int(n) for n in self.hint_ngram)
+            if len(hn) != 2 or not 1 <= hn[0] <= hn[1]:
+                raise DFlashConfigError("dflash_config.hint_ngram", f"{list(self.hint_ngram)} is not [min_n, max_n] "
+                                        "with 1 <= min_n <= max_n", "use e.g. [2, 4], or drop it for a plain draft")
+            object.__setattr__(self, "hint_ngram", hn)
         if self.hidden_act != "silu":
             raise DFlashConfigError("hidden_act", f"{self.hidden_act!r} is not supported", "use 'silu' (SwiGLU)")
 
@@ -283,6 +293,7 @@ class DFlashConfig:
             draft_vocab_size=cfg.get("draft_vocab_size"),
             diffusion_steps=int(dcfg.get("diffusion_steps", cfg.get("diffusion_steps", 1))),
             use_target_features=bool(dcfg.get("use_target_features", True)),
+            hint_ngram=tuple(dcfg["hint_ngram"]) if dcfg.get("hint_ngram") is not None else None,
             extra={k: v for k, v in cfg.items() if k not in known},
         )
 
@@ -319,6 +330,8 @@ class DFlashConfig:
             out["draft_vocab_size"] = self.draft_vocab_size
         if not self.use_target_features:
             out["dflash_config"]["use_target_features"] = False
+        if self.hint_ngram is not None:
+            out["dflash_config"]["hint_ngram"] = list(self.hint_ngram)
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
 

@@ -7,7 +7,7 @@ import torch
 from vllm_dflash.model import DFlashDraftModel
 from support.testing import load_target, tiny_trajectories
 from vllm_dflash.train.data import Sequence_, TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors
-from vllm_dflash.train.trainer import BlockDiffusionTrainer
+from vllm_dflash.train.trainer import BlockDiffusionTrainer, _seed_of
 
 
 def test_block_mask_matches_loop_built_mask():
@@ -157,3 +157,39 @@ def test_train_fraction_is_a_deterministic_subset():
     assert {s.id for s in ds.fraction(0.25).items} <= {s.id for s in half.items}  # nested shares
     with pytest.raises(ValueError, match="train fraction"):
         ds.fraction(0.0)
+
+
+def test_hinted_blocks_feed_each_anchors_own_lookup(pair, data, tmp_path):
+    """A hinted draft (config.hint_ngram): with hint_prob 1 every block whose context has a prompt-lookup match is
+    [anchor, h1 .. hm, MASK ..] with exactly anchor_hints' tokens, computed from the context up to the anchor only;
+    evaluation replays dflash / lookup / merged / hinted / hinted_merged; the setting survives a checkpoint."""
+    import numpy as np
+
+    from vllm_dflash.adaptive.ngram import anchor_hints
+
+    tgt, train, held = data
+    t = _trainer(pair, tgt, tmp_path / "run", hint_prob=1.0)
+    t.draft.config = t.draft.config.with_(hint_ngram=(2, 4))
+    seen = []
+    embed = t.draft.embed
+    t.draft.embed = lambda ids: (seen.append(ids.clone()), embed(ids))[1]
+    t._batch_loss(train.items[:2], epoch=0, index0=0)
+    B, mask = t.block_size, t.draft.config.mask_token_id
+    ids = seen[0].view(2, -1, B)
+    hinted = 0
+    for i, s in enumerate(train.items[:2]):
+        a = ids[i, :, 0]
+        anchors = sample_anchors(s, t.cfg.anchors_per_seq, B, torch.Generator().manual_seed(_seed_of(t.cfg.seed, 0, i)))
+        assert torch.equal(torch.tensor(s.tokens)[anchors], a[: len(anchors)])  # the same anchors as the batch
+        want = torch.from_numpy(anchor_hints(np.asarray(s.tokens), anchors.numpy(), B - 1, 2, 4))
+        got = ids[i, : len(anchors), 1:]
+        assert torch.equal(torch.where(want >= 0, want, torch.full_like(want, mask)), got)
+        hinted += int((want >= 0).any(1).sum())
+    assert hinted > 0  # the greedy tiny trajectories repeat themselves: some anchors have a match
+    r = t.evaluate(held, estimate_speedup=False)
+    tpf = r["tokens_per_forward"]
+    assert set(tpf) == {"dflash", "lookup", "merged", "hinted", "hinted_merged"}
+    assert all(1.0 <= v <= B for v in tpf.values())
+    assert tpf["merged"] >= tpf["lookup"]  # the block only fills slots the lookup left empty
+    t.save_checkpoint()
+    assert DFlashDraftModel.from_pretrained(tmp_path / "run" / "checkpoint", target=tgt).config.hint_ngram == (2, 4)

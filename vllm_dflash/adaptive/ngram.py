@@ -36,3 +36,14 @@ def prompt_lookup(history: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -
         return history[:0]
     c = int(cand[np.flatnonzero(m >= best)[-1]])  # the latest occurrence of the longest match
     return history[c + 1: c + 1 + k]
+
+
+def anchor_hints(tokens: np.ndarray, anchors: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -> np.ndarray:
+    """The prompt-lookup continuation at each anchor, as a hinted draft block sees it (training and replay; serving
+    takes the same lookup from the adaptive controller): tokens [L] (prompt + response), anchors [A] positions.
+    For anchor a the history is tokens[: a + 1]. -> [A, k] int64, -1 past each lookup's length."""
+    out = np.full((len(anchors), k), -1, dtype=np.int64)
+    for i, a in enumerate(np.asarray(anchors).tolist()):
+        h = prompt_lookup(tokens[: a + 1], k, min_n, max_n)
+        out[i, : len(h)] = h
+    return out

@@ -23,6 +23,7 @@ class BenchConfig:
     spec_extra: dict[str, Any] = field(default_factory=dict)  # extra keys our plugin pops (adaptive drafting, ...)
     env: dict[str, str] = field(default_factory=dict)
     uses_draft: bool = False
+    hinted: bool = False  # serves the hinted draft (--hinted-draft) instead of --draft
     placeholder: str | None = None  # why the entry is not wired yet (shown when it turns out unavailable)
 
     def speculative_config(self, draft: str | None, num_speculative_tokens: int | None) -> dict[str, Any] | None:
@@ -75,6 +76,10 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
     BenchConfig("ours-merged", "vllm_dflash drafter, adaptive with the merged source only: prompt-lookup tokens "
                 "first, the DFlash block after them; 0..k tokens per request (synchronous scheduling)", method="dflash",
                 env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": "merged"}, uses_draft=True),
+    BenchConfig("ours-hinted", "vllm_dflash drafter as configured by default (adaptive: true) with the hinted draft "
+                "(--hinted-draft): its block is fed the prompt-lookup continuation, [anchor, h1 .. hm, MASK ..]",
+                method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True,
+                hinted=True),
     BenchConfig("ours-adaptive-overlap", "vllm_dflash drafter, adaptive with overlap scheduling: the drafter picks "
                 "the source, our AsyncScheduler subclass plans 0..k tokens per request", method="dflash",
                 env={"DFLASH_DRAFTER": "ours", "DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},

@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
                    "the target (flagged UNTRAINED in the results) (default: the trained draft of a source checkout, "
                    "models/SmolLM2-135M-Instruct-DFlash-b8, default target only; an error names the fix when it is "
                    "missing)")
+    p.add_argument("--hinted-draft", default=None, help="the hinted draft (dflash_config.hint_ngram) that the "
+                   "ours-hinted configuration serves (default: models/SmolLM2-135M-Instruct-DFlash-b8-hinted of a "
+                   "source checkout, default target only)")
     p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)} (default: all; quick: "
                    f"{q['configs']})")
     p.add_argument("--prompt-sets", default="humaneval,chat",
@@ -357,6 +360,13 @@ def run_from_args(a: argparse.Namespace) -> int:
         draft, trained = resolve_draft(a.draft, target, default_target=a.target in (None, "", "default",
                                                                                     DEFAULT_TARGET_NAME))
         k = k or DFlashConfig.from_pretrained(draft).block_size - 1
+    hinted = None
+    if any(c.hinted for c in configs):
+        hinted = Path(a.hinted_draft) if a.hinted_draft else Path(str(draft) + "-hinted")
+        if not (hinted / "config.json").exists() or DFlashConfig.from_pretrained(hinted).hint_ngram is None:
+            raise ValueError(f"bench: ours-hinted needs a hinted draft; {str(hinted)!r} is not one (no config.json "
+                             "with dflash_config.hint_ngram). Fix: --hinted-draft <folder of a draft trained with "
+                             "`vllm-dflash train --hints 2 4`>")
     need = max(s.stop for s in level_slices(levels, a.num_prompts).values()) + 1  # the slices + the warm-up prompt
     prompts = {ps: load_prompt_set(ps, need) for ps in prompt_sets}
     for ps, items in prompts.items():
@@ -372,6 +382,7 @@ def run_from_args(a: argparse.Namespace) -> int:
     if a.cpu_bind:
         base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
+    meta["hinted_draft"] = str(hinted) if hinted else None
     hw, size = _hardware(target, dtype, a.threads)
     meta["limit"] = limit.hardware_record(hw, size)
     result: dict[str, Any] = {"meta": meta, "configs": {}, "runs": []}
@@ -381,7 +392,7 @@ def run_from_args(a: argparse.Namespace) -> int:
     baseline: dict[tuple[str, int], dict[str, str]] = {}
     configs = sorted(configs, key=lambda c: c.name != "none")  # `none` first: the others are explained against it
     for cfg in configs:
-        spec = cfg.speculative_config(str(draft) if draft else None, k)
+        spec = cfg.speculative_config(str(hinted if cfg.hinted else draft) if draft else None, k)
         entry = result["configs"][cfg.name] = {"description": cfg.description, "speculative_config": spec,
                                                "env": dict(cfg.env), "status": "ok", "reason": None}
         reason = cfg.unavailable_reason()

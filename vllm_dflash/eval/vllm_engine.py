@@ -79,6 +79,8 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
     cfg = DFlashConfig.from_pretrained(draft)
     B = block_size or cfg.block_size
     spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": B - 1, "adaptive": False}  # the draft alone
+    if cfg.hint_ngram is not None:  # a hinted draft reads the host history for its lookup: synchronous scheduling
+        spec["overlap"] = False
     if diffusion_steps:
         spec["diffusion_steps"] = diffusion_steps
     common = dict(model=str(tpath), dtype=default_dtype(), enforce_eager=True, max_model_len=2048,

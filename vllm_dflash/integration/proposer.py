@@ -40,6 +40,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_dflash import settings
+from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
 from vllm_dflash.serve.metrics import MetricsSink
@@ -138,6 +139,11 @@ class DFlashDrafter(DFlashProposer):
         # per-deployment settings: resolved by the front end into vllm_config.additional_config["dflash"]
         self.settings = settings.from_vllm_config(vllm_config)
         self.diffusion_steps = self.settings.diffusion_steps or self.dflash.diffusion_steps
+        self.hint_ngram = self.dflash.hint_ngram  # a hinted draft: its block is fed the prompt-lookup continuation
+        if self.hint_ngram is not None and self.diffusion_steps > 1:
+            raise ValueError(f"vllm_dflash: the draft {spec.draft_model_config.model} is a hinted draft "
+                             "(dflash_config.hint_ngram), which drafts in one pass; diffusion_steps is "
+                             f"{self.diffusion_steps}. Fix: set speculative_config.diffusion_steps to 1")
         self.confidence_threshold = self.settings.confidence_threshold
         # only the output rank publishes (merged() sums snapshots: TP = 2 would count every event twice)
         self.metrics = MetricsSink.get() if _is_output_rank() else MetricsSink.disabled()
@@ -149,6 +155,7 @@ class DFlashDrafter(DFlashProposer):
         self.adaptive = self.settings.adaptive_mode
         self.controller = None
         self.overlap = False
+        self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         if self.adaptive is not None:
             from vllm_dflash.adaptive.controller import AdaptiveController
 
@@ -158,9 +165,15 @@ class DFlashDrafter(DFlashProposer):
                 raise ValueError("vllm_dflash: adaptive drafting with async scheduling needs our scheduler (it decides "
                                  f"each request's draft length). Fix: --scheduler-cls {ADAPTIVE_SCHEDULER}, or drop "
                                  "--async-scheduling, or set speculative_config.adaptive to false")
-            self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics)
+            ngram = self.hint_ngram or (2, 4)  # a hinted draft: the controller's lookups are its hints
+            self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics,
+                                                 ngram_min=ngram[0], ngram_max=ngram[1])
             # TP > 1: a rank may adopt rank 0's plan where its own guard was off, so it keeps its lookups every step
             self.controller.skip_when_off = self._tp is None
+            if self.settings.defer_injection:
+                from vllm_dflash.integration.deferred_context import DeferredContext
+
+                self._deferred = DeferredContext()
             if self.overlap:
                 from vllm_dflash.adaptive.history import TokenHistory
 
@@ -172,6 +185,14 @@ class DFlashDrafter(DFlashProposer):
                     spec.draft_model_config.model, self.dflash.block_size, self.num_speculative_tokens,
                     self.diffusion_steps, self.confidence_threshold, list(self.dflash.target_layer_ids),
                     self.dflash.mask_token_id)
+        if self.hint_ngram is not None:
+            if self.controller is None and vllm_config.scheduler_config.async_scheduling:
+                logger.warning("vllm_dflash: the hinted draft runs as a plain draft here (fixed block under overlap "
+                               "scheduling has no host history for the lookup). Fix: adaptive drafting (the default) "
+                               "or --no-async-scheduling")
+            else:
+                logger.info("vllm_dflash: hinted draft: each block is fed its prompt-lookup continuation (n-grams "
+                            "%d..%d)", *self.hint_ngram)
         if self.controller is not None:
             logger.info("vllm_dflash: adaptive drafting ON (sources: %s; per-request length 0..%d from acceptance and "
                         "an online step-cost model; lengths planned in the %s)", self.adaptive,
@@ -243,21 +264,41 @@ class DFlashDrafter(DFlashProposer):
         batch_size = common_attn_metadata.batch_size()
         model = self._inner()
         self.timer.drain(self.metrics)
-        # [num_tokens, n_feat * H] -> [num_tokens, H] (fc); hidden_norm happens inside the injection
-        target_hidden_states = model.combine_hidden_states(target_hidden_states)
+        defer = self._deferred is not None  # adaptive: this step's context rows wait until a draft forward needs them
+        if not defer:  # [num_tokens, n_feat * H] -> [num_tokens, H] (fc); hidden_norm happens inside the injection
+            target_hidden_states = model.combine_hidden_states(target_hidden_states)
         num_tokens, sample_idx, cad = self.set_inputs_first_pass(
             target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
             target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
             cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
-        _, per_layer_md = self.build_per_group_and_layer_attn_metadata(cad)
-        mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
+        num_context = self._dflash_num_context
+        inputs: list = []  # [(per-layer metadata, mode, padded tokens, tokens across DP, model kwargs, slots size)]
 
-        t_inj = self.timer.start()
-        # KV injection of this step's context rows into every draft layer's paged cache
-        model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
-        self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
+        def prepare() -> None:  # attention metadata + KV injection of the context rows, once, before the first forward
+            _, per_layer_md = self.build_per_group_and_layer_attn_metadata(cad)
+            mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
+            if defer:  # the rows held since the last draft forward, then this step's, in one injection
+                self._inject(self._deferred.take(target_hidden_states[:num_context],
+                                                 self._context_positions_buffer[:num_context],
+                                                 self._context_slot_mapping_buffer[:num_context]))
+                model_kwargs = dict(input_ids=self.input_ids[:num_input_tokens],
+                                    positions=self._get_positions(num_input_tokens), inputs_embeds=None)
+                slot_mapping_size = num_input_tokens
+            else:
+                t_inj = self.timer.start()
+                # KV injection of this step's context rows into every draft layer's paged cache
+                model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens,
+                                                                                     mm_embed_inputs)
+                self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
+            inputs.append((per_layer_md, mode, num_input_tokens, across_dp, model_kwargs, slot_mapping_size))
+
+        if not defer:
+            prepare()  # today's order: injection every step (the fixed block drafts every step anyway)
 
         def run_model() -> torch.Tensor:  # one pass of the draft model over this step's query slots
+            if not inputs:
+                prepare()
+            per_layer_md, mode, num_input_tokens, across_dp, model_kwargs, slot_mapping_size = inputs[0]
             with set_forward_context(per_layer_md, self.vllm_config, num_tokens=num_input_tokens,
                                      num_tokens_across_dp=across_dp, cudagraph_runtime_mode=mode,
                                      slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
@@ -266,22 +307,54 @@ class DFlashDrafter(DFlashProposer):
         def draft() -> torch.Tensor:  # [B, K]
             return self._denoise(run_model, sample_idx, K, sampling_metadata)
 
+        if defer:
+            try:
+                return self._propose_adaptive(draft, K, batch_size, target_token_ids, target_positions,
+                                              next_token_ids, common_attn_metadata, num_rejected_tokens_gpu)
+            finally:
+                if not inputs:  # no draft forward ran: hold this step's rows for the next one
+                    self._defer(target_hidden_states[:num_context], self._context_positions_buffer[:num_context],
+                                self._context_slot_mapping_buffer[:num_context])
         if K == 0:
-            if self.overlap:  # no drafts next step, but this step's tokens and outcomes must still be seen
-                self._adaptive_overlap(None, 0, target_token_ids, target_positions, next_token_ids,
-                                       common_attn_metadata, num_rejected_tokens_gpu)
             return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
         self.metrics.inc("draft_steps")
-        if self.controller is None:
-            drafts = draft()
-            self.metrics.flush()
-            return drafts
-        # adaptive: this step's plan (prompt lookup first) decides whether the draft forward runs at all
+        if self.hint_ngram is not None and not self.vllm_config.scheduler_config.async_scheduling:
+            _, hists, rows, _, _ = self._histories(K, target_positions, next_token_ids, common_attn_metadata,
+                                                   num_rejected_tokens_gpu)
+            self._write_hints(rows, self._hints(None, hists))
+        drafts = draft()
+        self.metrics.flush()
+        return drafts
+
+    def _propose_adaptive(self, draft, K, batch_size, target_token_ids, target_positions, next_token_ids, cad,
+                          num_rejected):
+        """Adaptive drafting: this step's plan (prompt lookup first) decides whether `draft()` (the draft forward,
+        with the injection of every held context row) runs at all."""
+        if K == 0:
+            if self.overlap:  # no drafts next step, but this step's tokens and outcomes must still be seen
+                self._adaptive_overlap(None, 0, target_token_ids, target_positions, next_token_ids, cad, num_rejected)
+            return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
+        self.metrics.inc("draft_steps")
         if self.overlap:
-            return self._adaptive_overlap(draft, K, target_token_ids, target_positions, next_token_ids,
-                                          common_attn_metadata, num_rejected_tokens_gpu)
-        return self._adaptive(draft, K, target_positions, next_token_ids, common_attn_metadata,
-                              num_rejected_tokens_gpu)
+            return self._adaptive_overlap(draft, K, target_token_ids, target_positions, next_token_ids, cad,
+                                          num_rejected)
+        return self._adaptive(draft, K, target_positions, next_token_ids, cad, num_rejected)
+
+    def _defer(self, hidden, positions, slots) -> None:
+        """Hold a step's context rows (raw target features [n, n_feat * H], positions, slots); inject them all now
+        when the FIFO is full (a long stretch of steps without a draft forward)."""
+        if self._deferred.push(hidden, positions, slots):
+            self._inject(self._deferred.take())
+
+    def _inject(self, rows) -> None:
+        """fc + KV injection of context rows (hidden [M, n_feat * H], positions [M], slots [M]) in one call."""
+        if rows is None:
+            return
+        hidden, positions, slots = rows
+        t_inj = self.timer.start()
+        model = self._inner()
+        model.precompute_and_store_context_kv(model.combine_hidden_states(hidden), positions, slots)
+        self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
 
     def _denoise(self, run_model, sample_idx, K, sampling_metadata) -> torch.Tensor:
         """The draft forward: `diffusion_steps` passes of the draft model over [anchor, MASK x K] per request (keep
@@ -329,13 +402,13 @@ class DFlashDrafter(DFlashProposer):
         self._last_draft_probs = None
         return drafts.cpu().numpy()[rows]
 
-    def _adaptive(self, draft, K, target_positions, next_token_ids, cad, num_rejected) -> list[list[int]]:
-        """Per-request proposals of the adaptive controller (host side; synchronous scheduling). The controller plans
-        from the histories first; `draft()` (the draft forward) runs only if the plan verifies DFlash tokens.
+    def _histories(self, K, target_positions, next_token_ids, cad, num_rejected):
+        """The committed history of every decoding request (synchronous scheduling).
 
         History of request i = token_ids_cpu[i, :p + 1] + [bonus], p the position of its last accepted query token:
         token_ids_cpu holds the prompt, the committed output and this step's scheduled drafts (the accepted ones are
-        exactly those up to p); the bonus is the token the target just sampled."""
+        exactly those up to p); the bonus is the token the target just sampled.
+        -> (req_ids, histories, batch rows, decode_only: no prefill chunk in the step, prefill tokens in it)."""
         batch = self._runner.input_batch
         B = cad.num_reqs
         qsl = cad.query_start_loc_cpu[: B + 1].tolist()
@@ -360,12 +433,46 @@ class DFlashDrafter(DFlashProposer):
             req_ids.append(batch.req_ids[i])
             hists.append(hist)
             rows.append(i)
-        plan = self.controller.plan(req_ids, hists, query_tokens=qsl[B], decode_only=decode_only,
+        return req_ids, hists, rows, decode_only, prefill_tokens
+
+    def _hints(self, lookups, hists) -> list[np.ndarray] | None:
+        """A hinted draft's block inputs: per request the prompt-lookup continuation with the draft's own n-gram
+        sizes (the controller's lookups when they are the same lookup). None for a plain draft."""
+        if self.hint_ngram is None:
+            return None
+        if lookups is not None and self.controller is not None and self.controller.mode != "dflash" and (
+                self.controller.ngram_min, self.controller.ngram_max) == self.hint_ngram:
+            return [np.asarray(t) for t in lookups]
+        K = self.num_speculative_tokens
+        return [prompt_lookup(h, K, *self.hint_ngram) if h is not None else np.zeros(0, np.int64) for h in hists]
+
+    def _write_hints(self, rows: list[int], hints: list[np.ndarray] | None) -> None:
+        """Write hints into the draft's block inputs, [anchor, h1 .. hm, MASK ..] for batch row r (query slots
+        r * (K + 1) + 1 .. + m of `input_ids`, which set_inputs_first_pass filled with MASK)."""
+        if not hints:
+            return
+        K = self.num_speculative_tokens
+        idx = [r * (K + 1) + 1 + j for r, h in zip(rows, hints) for j in range(min(len(h), K))]
+        if not idx:
+            return
+        vals = np.concatenate([np.asarray(h[:K], dtype=np.int64) for h in hints])
+        dev = self.input_ids.device
+        self.input_ids[torch.tensor(idx, device=dev)] = torch.from_numpy(vals).to(dev, self.input_ids.dtype)
+
+    def _adaptive(self, draft, K, target_positions, next_token_ids, cad, num_rejected) -> list[list[int]]:
+        """Per-request proposals of the adaptive controller (host side; synchronous scheduling). The controller plans
+        from the histories (`_histories`) first; `draft()` (the draft forward) runs only if the plan verifies DFlash
+        tokens; a hinted draft is fed this step's lookups first."""
+        req_ids, hists, rows, decode_only, prefill_tokens = self._histories(K, target_positions, next_token_ids, cad,
+                                                                            num_rejected)
+        batch, B, qsl = self._runner.input_batch, cad.num_reqs, cad.query_start_loc_cpu
+        plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
                                     extra_tokens=prefill_tokens)
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
         block = None
         if plan.needs_block:
             t0 = time.perf_counter()
+            self._write_hints(rows, self._hints(plan.lookups, hists))
             block = self._block(draft, rows)  # on GPU, its copy to the host waits for the forward: wall time is right
             self.controller.observe_block(B, time.perf_counter() - t0)
         planned = self.controller.propose(plan, block)
@@ -433,7 +540,10 @@ class DFlashDrafter(DFlashProposer):
             plan = self.controller.plan_overlap(req_ids, hists, verified)
             # no clock here (the lengths are the scheduler's, one process), but the same insurance as _adaptive
             plan = self._sync(plan)
-            block = self._block(draft, rows) if plan.needs_block else None
+            block = None
+            if plan.needs_block:
+                self._write_hints(rows, self._hints(plan.lookups, hists))
+                block = self._block(draft, rows)
             out[rows] = self.controller.propose_overlap(plan, block, out[rows, 0])
         elif rows:
             self.controller.score_overlap(req_ids, verified)

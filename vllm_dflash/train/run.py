@@ -88,7 +88,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
               init_from_target: bool = False, init_draft: str | None = None, use_target_features: bool = True,
               standardize_features: bool = False, train_fraction: float = 1.0, greedy_only: bool = True,
               precision: str = "auto", run_steps: int | None = None, run_minutes: float | None = None,
-              device: str = "auto", time_budget_minutes: float | None = None) -> dict[str, Any]:
+              device: str = "auto", time_budget_minutes: float | None = None,
+              hint_ngram: tuple[int, int] | None = None, hint_prob: float = 0.75) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -140,8 +141,13 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
     logger.info("data: %d train sequences (%d response tokens), %d held-out greedy sequences (%d in this run's "
                 "curve), %d sampled dropped, %d skipped", len(train), train.num_response_tokens(), len(held),
                 len(held_run), n_sampled, ds.skipped)
+    if not 0.0 <= hint_prob <= 1.0:
+        raise ValueError(f"--hint-prob {hint_prob}: expected a share in [0, 1]")
     if resume:  # the draft architecture comes from the checkpoint
         draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
+        if hint_ngram is not None and tuple(hint_ngram) != draft.config.hint_ngram:
+            raise ValueError(f"--hints {list(hint_ngram)} differs from the run being resumed (hint_ngram "
+                             f"{draft.config.hint_ngram}, {ckpt}). Fix: drop --hints, or start a new run (--out)")
     else:
         vocab_ids = None
         if draft_vocab_size:
@@ -151,11 +157,14 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
             if mask_token_id is not None and mask_token_id != draft.config.mask_token_id:
                 raise ValueError(f"--mask-token-id {mask_token_id} differs from the mask of --init-draft "
                                  f"({draft.config.mask_token_id}). Fix: drop --mask-token-id")
-            logger.info("draft initialised from %s (fine-tuning)", init_draft)
+            if hint_ngram is not None:  # a plain draft fine-tuned into a hinted one
+                draft.config = draft.config.with_(hint_ngram=tuple(hint_ngram))
+            logger.info("draft initialised from %s (fine-tuning%s)", init_draft,
+                        f", hinted with n-grams {list(draft.config.hint_ngram)}" if draft.config.hint_ngram else "")
         else:
             cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
                                           mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size
-                                          ).with_(use_target_features=use_target_features)
+                                          ).with_(use_target_features=use_target_features, hint_ngram=hint_ngram)
             if vocab_ids is not None:
                 cfg = cfg.with_(draft_vocab_size=len(vocab_ids))
             draft = DFlashDraftModel(cfg)
@@ -184,7 +193,7 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
                                     ckpt_every=ckpt_every, log_every=log_every, diffusion_steps=diffusion_steps,
                                     feature_cache=feature_cache, standardize_features=standardize_features,
                                     autocast_bf16=autocast, run_steps=run_steps, run_minutes=run_minutes,
-                                    time_budget_minutes=time_budget_minutes)
+                                    time_budget_minutes=time_budget_minutes, hint_prob=hint_prob)
     result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held_run,
                            eval_every=eval_every, max_steps=max_steps)
     # the speed-up estimate times the reference loop on this device: meaningful for CPU serving only

@@ -24,9 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vllm_dflash.adaptive.ngram import anchor_hints
 from vllm_dflash.model import DFlashDraftModel
 from vllm_dflash.reference import DecodeStats
 from vllm_dflash.train.data import (TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors)
@@ -56,6 +58,10 @@ class TrainConfig:
     budget_reserve: float = 0.15
     diffusion_steps: int = 1
     reveal_prob: float = 0.5  # with diffusion_steps > 1: share of blocks with a revealed clean prefix
+    # hinted drafts (config.hint_ngram): share of blocks whose prompt-lookup hints are fed (where the lookup matches);
+    # the rest stay [anchor, MASK ..], so the draft still drafts without hints. The loss covers hinted slots too: the
+    # draft learns to keep right hints, fix wrong ones and extend them.
+    hint_prob: float = 0.75
     eval_every: int = 200
     ckpt_every: int = 100
     ckpt_minutes: float = 5.0  # also checkpoint when this long has passed since the last one
@@ -212,6 +218,13 @@ class BlockDiffusionTrainer:
         lab_valid = (pos[:, :, 1:] < lens[:, None, None]) & anc_valid[:, :, None]
         ids = torch.full((N, A, B), cfg.mask_token_id, dtype=torch.long)
         ids[:, :, 0] = torch.gather(toks, 1, anc)
+        if cfg.hint_ngram is not None:  # [anchor, h1 .. hm, MASK ..]: the lookup over each anchor's own context
+            for i, (s, a) in enumerate(zip(seqs, anchors)):
+                if not len(a):
+                    continue
+                h = torch.from_numpy(anchor_hints(np.asarray(s.tokens), a.numpy(), B - 1, *cfg.hint_ngram))
+                use = (torch.rand(len(a), generator=gens[i]) < self.cfg.hint_prob)[:, None] & (h >= 0)
+                ids[i, : len(a), 1:] = torch.where(use, h, ids[i, : len(a), 1:])
         revealed = torch.zeros(N, A, B - 1, dtype=torch.bool)
         if self.cfg.diffusion_steps > 1 and B > 2:
             for i in range(N):  # clean prefix of r tokens on a share of blocks (multi-step denoising inputs)
@@ -308,7 +321,7 @@ class BlockDiffusionTrainer:
             # the curve's first point: a fine-tune's starting τ on this run's held-out set (the bar to beat)
             ev = self.evaluate(eval_dataset, estimate_speedup=False)
             self._log({"step": 0, "eval_sequences": len(eval_dataset),
-                       **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance")}})
+                       **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance", "tokens_per_forward")}})
             t_start = t_last = time.perf_counter()
         try:
             while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop and not paused:
@@ -355,7 +368,7 @@ class BlockDiffusionTrainer:
                     if eval_dataset is not None and len(eval_dataset) and step % cfg.eval_every == 0:
                         ev = self.evaluate(eval_dataset, estimate_speedup=False)
                         self._log({"step": step, "eval_sequences": len(eval_dataset),
-                                   **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance")}})
+                                   **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance", "tokens_per_forward")}})
                         best = self.state.get("best_eval")
                         if self.out_dir and (best is None or ev["acceptance_length"] > best["acceptance_length"]):
                             self.state["best_eval"] = {"step": step, "acceptance_length": ev["acceptance_length"]}
@@ -422,35 +435,55 @@ class BlockDiffusionTrainer:
         """Teacher-forced replay of the greedy loop on greedy target trajectories: exact τ for those contexts.
 
         All anchor positions of a sequence are drafted in one batched forward (blocks are independent under
-        the block mask); the loop's walk (anchor -> accept a -> next anchor at +a+1) is then replayed."""
+        the block mask); the loop's walk (anchor -> accept a -> next anchor at +a+1) is then replayed. The headline
+        τ is the draft as served (a hinted draft fed its hints). `tokens_per_forward` replays every drafting
+        method on the same trajectories, as generated tokens / target forwards (a step without a proposal counts
+        1): dflash (the block fed MASK only), lookup (prompt lookup alone, up to B-1 tokens), merged (lookup tokens
+        first, the plain block after them), and for a hinted draft hinted (its block fed the hints) and
+        hinted_merged (lookup tokens first, the hinted block after them)."""
         d, B = self.draft, self.block_size
         d.eval()
         stats = DecodeStats(block_size=B)
+        ngram = d.config.hint_ngram or (2, 4)  # the lookup of a hinted draft, else the serving default
+        methods = ["dflash", "lookup", "merged"] + (["hinted", "hinted_merged"] if d.config.hint_ngram else [])
+        tokens = dict.fromkeys(methods, 0)
+        steps = dict.fromkeys(methods, 0)
         for s in eval_dataset.items:
             L = len(s.tokens)
             if L - s.prompt_len < 2:
                 continue
             anchors = torch.arange(s.prompt_len, L - 1)
-            drafts = self._draft_all(s, anchors)  # [A, B-1] target ids
+            hints = torch.from_numpy(anchor_hints(np.asarray(s.tokens), anchors.numpy(), B - 1, *ngram))
+            plain = self._draft_all(s, anchors)  # [A, B-1] target ids
+            rows = {"dflash": plain, "lookup": hints, "merged": torch.where(hints >= 0, hints, plain)}
+            if d.config.hint_ngram:
+                hinted = self._draft_all(s, anchors, hints)
+                rows.update(hinted=hinted, hinted_merged=torch.where(hints >= 0, hints, hinted))
             toks = torch.tensor(s.tokens + (0,) * B)
-            p = s.prompt_len
-            while p <= L - 2:
-                row = drafts[p - s.prompt_len]
-                truth = toks[p + 1: p + B]
-                n_left = L - 1 - p
-                match = (row == truth).long()
-                match[n_left:] = 0
-                a = int(torch.cumprod(match, 0).sum())
-                stats.record(B - 1, a)
-                p += a + 1
+            for name in methods:
+                served = name == ("hinted" if d.config.hint_ngram else "dflash")
+                p = s.prompt_len
+                while p <= L - 2:
+                    row = rows[name][p - s.prompt_len]
+                    match = (row == toks[p + 1: p + B]).long()
+                    match[L - 1 - p:] = 0  # past the trajectory's end
+                    a = int(torch.cumprod(match, 0).sum())
+                    if served:
+                        stats.record(B - 1, a)
+                    tokens[name] += a + 1
+                    steps[name] += 1
+                    p += a + 1
         d.train()
         out = {"acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
-               "histogram": stats.histogram, "num_steps": stats.num_steps}
+               "histogram": stats.histogram, "num_steps": stats.num_steps,
+               "tokens_per_forward": {m: tokens[m] / max(steps[m], 1) for m in methods}}
         if estimate_speedup:
             out.update(self.estimate_speedup(stats.acceptance_length))
         return out
 
-    def _draft_all(self, s, anchors: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    def _draft_all(self, s, anchors: torch.Tensor, hints: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
+        """Greedy draft blocks at every anchor of sequence s -> [A, B-1] target ids. hints [A, B-1] (-1 = none): fed
+        into the blocks ([anchor, h1 .. hm, MASK ..]) as a hinted draft sees them in serving."""
         d, B, dev = self.draft, self.block_size, self.device
         feats = self.features([s], dev, torch.float32)
         S = feats.shape[1]
@@ -462,6 +495,9 @@ class BlockDiffusionTrainer:
             A = len(a)
             ids = torch.full((1, A, B), d.config.mask_token_id, dtype=torch.long)
             ids[0, :, 0] = toks[a]
+            if hints is not None:
+                h = hints[c: c + chunk]
+                ids[0, :, 1:] = torch.where(h >= 0, h, ids[0, :, 1:])
             pos = (a[:, None] + torch.arange(B)).view(1, -1)
             mask = block_attention_mask(a, S, B)[None]
             h = d(d.embed(ids.view(1, -1).to(dev)), pos.to(dev), ctx_kv, mask.to(dev)).view(A, B, -1)[:, 1:]
