@@ -120,7 +120,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from vllm_dflash.bench.demo import run_demo
 
     return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode, dtype=a.dtype,
-                    eager=a.enforce_eager)
+                    eager=a.enforce_eager, cpu_bind=a.cpu_bind)
 
 
 def cmd_check_data(a: argparse.Namespace) -> int:
@@ -294,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--enforce-eager", action="store_true", help="skip torch.compile (faster start, slower steps)")
     s.add_argument("--mode", default="serve", choices=["serve", "reference"],
                    help="serve: real `vllm serve`; reference: the plain-PyTorch reference loop")
+    s.add_argument("--cpu-bind", default=None,
+                   help="VLLM_CPU_OMP_THREADS_BIND of the servers, OMP_NUM_THREADS = the cores listed; 'auto' = vLLM's "
+                        "default layout (default: every core bound to the model worker, the bench's measured layout; "
+                        "a VLLM_CPU_OMP_THREADS_BIND already set in the shell wins)")
     s.set_defaults(fn=cmd_demo)
 
     s = parser("check-data", "contamination check: no evaluation prompt in the training data (by id, hash of the "

@@ -180,3 +180,20 @@ def test_levels_get_disjoint_prompt_slices():
     assert [len(x) for x in ids] == [4, 8, 32]
     assert not (ids[0] & ids[1]) and not (ids[1] & ids[2]) and not (ids[0] & ids[2])
     assert max(max(x) for x in ids) == 43  # the warm-up prompt (index 44) lies outside every slice
+
+
+def test_demo_layout_binds_every_core_unless_told_otherwise():
+    """The demo's servers: every core bound to the model worker by default (the bench's layout), a layout already
+    in the environment wins, 'auto' leaves vLLM's default, and a malformed list names the flag."""
+    import os
+
+    from vllm_dflash.bench.demo import demo_layout
+
+    env, text = demo_layout(None, {})
+    n = os.cpu_count() or 1
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "OMP_NUM_THREADS": str(n)} and "0-" in text
+    assert demo_layout(None, {"VLLM_CPU_OMP_THREADS_BIND": "1"})[0] == {}
+    assert demo_layout("auto", {})[0] == {}
+    assert demo_layout("0,2-3", {})[0]["OMP_NUM_THREADS"] == "3"
+    with pytest.raises(ValueError, match="--cpu-bind"):
+        demo_layout("cores", {})

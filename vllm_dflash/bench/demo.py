@@ -4,6 +4,7 @@ speculation, real HumanEval chat prompts through the OpenAI client; prints τ an
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -36,8 +37,29 @@ def demo_configs(draft_dir: Path, block_size: int) -> list[tuple[str, dict | Non
             ("vllm_dflash", {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1})]
 
 
+def demo_layout(cpu_bind: str | None, environ=None) -> tuple[dict[str, str | None], str]:
+    """The servers' OpenMP layout -> (env for every server, a description). Default: every core bound to the model
+    worker (VLLM_CPU_OMP_THREADS_BIND=0-N, OMP_NUM_THREADS = cores), the bench's measured layout; a layout already in
+    the environment wins; 'auto': vLLM's default."""
+    environ = os.environ if environ is None else environ
+    if cpu_bind is None and environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return {}, f"VLLM_CPU_OMP_THREADS_BIND={environ['VLLM_CPU_OMP_THREADS_BIND']} (from the environment)"
+    if cpu_bind == "auto":
+        return {}, "vLLM's default (--cpu-bind auto)"
+    if cpu_bind is None:
+        cpu_bind = f"0-{(os.cpu_count() or 1) - 1}"
+    cores = 0
+    for part in cpu_bind.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+            raise ValueError(f"--cpu-bind {cpu_bind!r}: expected core ranges like 0-1 or 0,2, or 'auto'")
+        cores += int(hi) - int(lo) + 1 if hi else 1
+    return ({"VLLM_CPU_OMP_THREADS_BIND": cpu_bind, "OMP_NUM_THREADS": str(cores)},
+            f"VLLM_CPU_OMP_THREADS_BIND={cpu_bind}, OMP_NUM_THREADS={cores}")
+
+
 def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: int = 128, mode: str = "serve",
-             dtype: str | None = None, eager: bool = False) -> int:
+             dtype: str | None = None, eager: bool = False, cpu_bind: str | None = None) -> int:
     from transformers import AutoTokenizer
 
     from vllm_dflash.config import DFlashConfig
@@ -64,6 +86,7 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
         return 0
 
     dtype = dtype or default_dtype()
+    env, layout = demo_layout(cpu_bind)
     tok = AutoTokenizer.from_pretrained(str(target))
     cfg = DFlashConfig.from_pretrained(draft_dir)
     prompts = [it["messages"] for it in items]
@@ -72,7 +95,7 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
         how = "eager" if eager else "torch.compile: the first start compiles, about 1-2 min on 2 cores"
         print(f"starting vllm serve ({name}; {dtype}, {how}) ...", flush=True)
         t0 = time.perf_counter()
-        with Server(str(target), speculative_config=sc, dtype=dtype, enforce_eager=eager).start(
+        with Server(str(target), speculative_config=sc, dtype=dtype, enforce_eager=eager, env=env).start(
                 timeout=900 if eager else 1500) as srv:
             start_s = time.perf_counter() - t0
             before = srv.metrics()
@@ -87,7 +110,8 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
                 r["exact"] = summarize(len(texts), divs, dtype)
         results[name] = r
     print(f"\nSmolLM2-135M-Instruct, {len(prompts)} HumanEval chat prompts, greedy, max_tokens {max_tokens}, "
-          f"concurrency 1, {dtype}, {'eager' if eager else 'torch.compile (vLLM default)'}; CPU: {cpu_kind()}")
+          f"concurrency 1, {dtype}, {'eager' if eager else 'torch.compile (vLLM default)'}; CPU: {cpu_kind()}; "
+          f"layout: {layout}")
     print(f"draft: {draft_dir}{'  (UNTRAINED)' if untrained else ''}")
     base = results["no speculation"]
     print(f"  {'configuration':22s} {'tok/s':>7s} {'speedup':>8s} {'tokens/forward':>15s} {'τ (per draft)':>14s}  start-up")
