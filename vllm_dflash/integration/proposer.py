@@ -307,12 +307,12 @@ class DFlashDrafter(DFlashProposer):
         def draft() -> torch.Tensor:  # [B, K]
             return self._denoise(run_model, sample_idx, K, sampling_metadata)
 
-        if defer:
+        if self.controller is not None:
             try:
                 return self._propose_adaptive(draft, K, batch_size, target_token_ids, target_positions,
                                               next_token_ids, common_attn_metadata, num_rejected_tokens_gpu)
             finally:
-                if not inputs:  # no draft forward ran: hold this step's rows for the next one
+                if defer and not inputs:  # no draft forward ran: hold this step's rows for the next one
                     self._defer(target_hidden_states[:num_context], self._context_positions_buffer[:num_context],
                                 self._context_slot_mapping_buffer[:num_context])
         if K == 0:
