@@ -8,7 +8,8 @@
 // so one k-pair of a block is 128 contiguous bytes (two zmm: outputs 0..15 and 16..31), and a thread's range of
 // blocks is one sequential stream. For each k-pair the kernel broadcasts the pair (x[m,2kp], x[m,2kp+1]) of every
 // row m as one dword and issues vdpbf16ps into 16 fp32 lanes per zmm: W is read once for all rows of a chunk,
-// and no horizontal reduction is needed. Tiny M gets extra K-split accumulators to hide the dpbf16 latency.
+// and no horizontal reduction is needed. Every row is summed in the same order whatever M is (one accumulator chain
+// per output, K ascending), so the kernel is batch-invariant: row m of y is bitwise the same for x and for x[m:m+1].
 // vdpbf16ps treats bf16 denormal inputs as zero and flushes fp32 denormal results (DAZ/FTZ), so inputs
 // below 2^-126 differ from a plain fp32 reference; the output is rounded to bf16 RNE (as torch's .to(bfloat16)).
 //
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -121,9 +123,11 @@ using TileFn = void (*)(const Args&, int64_t, int64_t);
 template <int MR>
 constexpr TileFn tile_for() {
   // dpbf16 latency ~6 cycles: keep >= 8 independent accumulator chains when M is tiny
-  if constexpr (MR == 1) return &block_tile<1, 4>;
-  else if constexpr (MR == 2) return &block_tile<2, 2>;
-  else return &block_tile<MR, 1>;
+  // One accumulator chain per output for every MR: the summation order never depends on M (batch-invariant, so a
+  // verify step of 8 rows gives each row the bits a 1-row decode step would). K-split accumulators (KS > 1) hide
+  // the ~6-cycle dpbf16 latency at M = 1-2 but measured no faster with the weight streamed from DRAM (the decode
+  // case; dev/GEMV_NOTES.md), and they make the result depend on M.
+  return &block_tile<MR, 1>;
 }
 
 constexpr TileFn kTiles[MAX_MR + 1] = {nullptr,        tile_for<1>(),  tile_for<2>(),  tile_for<3>(), tile_for<4>(),
@@ -200,11 +204,38 @@ at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& w_packed, int64_t n,
   return y;
 }
 
+// A vLLM CPU linear layer with few rows on our kernel and the rest on vLLM's own oneDNN GEMM:
+//   x [..., K] -> [..., N]: M = x.numel() / K rows; M <= max_rows: gemv_bf16; else vLLM's _C::onednn_mm with the
+//   layer's oneDNN handler (made by vllm._custom_ops.create_onednn_mm from the same weight).
+// The choice happens here, at run time: under torch.compile a Python branch on M would be traced for one shape.
+// Contract: vLLM 0.32's `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? bias, Tensor handler_tensor) -> ()`
+// (vllm_dflash/integration/seam.py checks the schema before the patch that uses this op is applied).
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w_packed, int64_t n, const c10::optional<at::Tensor>& bias,
+                       int64_t max_rows, const at::Tensor& onednn_handler) {
+  const int64_t K = x.size(-1);
+  const int64_t M = K > 0 ? x.numel() / K : 0;
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = n;
+  const at::Tensor x2 = x.reshape({M, K}).contiguous();  // [M, K] (a view for the usual 2-D contiguous input)
+  if (M <= max_rows) return gemv_bf16(x2, w_packed, n, bias).view(out_shape);
+  static const auto onednn_mm =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("_C::onednn_mm", "")
+          .typed<void(at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&)>();
+  at::Tensor y = at::empty({M, n}, x.options());  // [M, N]
+  onednn_mm.call(y, x2, bias, onednn_handler);
+  return y.view(out_shape);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(vllm_dflash, m) {
   m.def("gemv_bf16(Tensor x, Tensor w_packed, int n, Tensor? bias) -> Tensor");
   m.def("gemv_bf16_supported() -> bool", &gemv_bf16_supported);
+  m.def("linear_bf16(Tensor x, Tensor w_packed, int n, Tensor? bias, int max_rows, Tensor onednn_handler) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(vllm_dflash, CPU, m) { m.impl("gemv_bf16", &gemv_bf16); }
+TORCH_LIBRARY_IMPL(vllm_dflash, CPU, m) {
+  m.impl("gemv_bf16", &gemv_bf16);
+  m.impl("linear_bf16", &linear_bf16);
+}

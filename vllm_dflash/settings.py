@@ -128,6 +128,19 @@ def _log_level(raw: Any) -> str:
 _DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 
 
+def _cpu_gemv(raw: Any) -> int | str:
+    """off / 0 -> 0; auto -> "auto"; an integer 1..16 -> that many rows."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    if isinstance(raw, str) and raw.strip().lower() in _FALSE:
+        return 0
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 16:
+        return raw
+    raise ValueError
+
+
 def _dtype(raw: Any) -> str | None:
     return None if _text_or_none(raw) is None else _choice(*_DTYPES)(raw)
 
@@ -230,6 +243,14 @@ class ProcessSettings:
         doc="`--distributed-executor-backend ray` on CPU: how long the Ray executor waits for its placement group "
             "(one CPU bundle per tensor-parallel rank) before failing with a message (docs/TP.md).",
         fix="use a number of seconds > 0")
+    cpu_gemv: int | str = _setting(
+        0, type="int | str", allowed="off (0), auto, or 1..16 (rows)", shown_default="off", parse=_cpu_gemv,
+        spec_key=False,
+        doc="bf16 linear layers on CPUs with avx512_bf16 (target and draft): a call with at most this many rows "
+            "runs on our skinny-GEMM kernel (csrc/gemv_cpu.cpp), larger ones on vLLM's oneDNN GEMM. `auto`: 8 rows "
+            "with 2+ OpenMP threads, else 2. Costs a second copy of each such weight. Ignored elsewhere (fp32, no "
+            "avx512_bf16, or a layer vLLM does not give to oneDNN).",
+        fix="use off, auto or a number of rows from 1 to 16")
     dtype: str | None = _setting(
         None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
         "float32", parse=_dtype, spec_key=False,

@@ -66,6 +66,9 @@ def run_one(spec: dict) -> dict:
            "tokens": [list(o.outputs[0].token_ids) for o in outs], "texts": [o.outputs[0].text for o in outs],
            "finish": [o.outputs[0].finish_reason for o in outs], "metrics": metrics, "repeats": reps, "first_counters": first,
            "cached_tokens": [o.num_cached_tokens for o in outs], "probe": probe}
+    if sp_args.get("logprobs"):  # per generated token: {token id: logprob} of the top `logprobs` (+ the chosen one)
+        res["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs or []]
+                           for o in outs]
     for k in spec.get("env", {}):
         os.environ.pop(k, None)
     del llm

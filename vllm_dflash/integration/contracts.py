@@ -327,6 +327,43 @@ CONTRACTS: tuple[Contract, ...] = (
         patch="cpu_expand_kernel",
         test="tests/vllm/test_seam.py::test_expand_kernel_patch_still_needed, tests/vllm/test_vllm_sampling.py"),
     Contract(
+        "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm", "function",
+        "integration/patches/cpu_gemv.py", "wrapped (setting cpu_gemv): eligible bf16 layers get our two-path "
+        "`layer.cpu_linear`; every other call goes to the original unchanged",
+        "called once per linear / vocab layer after its weights load (CPU); it sets `layer.cpu_linear(x, weight, "
+        "bias)`, which `cpu_unquantized_gemm` calls on every forward; with `remove_weight` it empties `layer.weight`. "
+        "Our eligibility test mirrors its branches: meta / non-2-D weights, zentorch, `check_cpu_sgl_kernel`, oneDNN",
+        params=("layer", "remove_weight"), exact=True,
+        source=("check_cpu_sgl_kernel(N, K, dtype)", "ops.create_onednn_mm(origin_weight.t(), 32)",
+                "layer.cpu_linear"), patch="cpu_gemv", test="tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
+        "vllm.model_executor.layers.utils:check_cpu_sgl_kernel", "function", "integration/patches/cpu_gemv.py",
+        "called: a layer vLLM gives to its sgl-kernel GEMM keeps vLLM's choice",
+        "True where `dispatch_cpu_unquantized_gemm` uses `weight_packed_linear_cpu` instead of oneDNN",
+        params=("n", "k", "dtype"), test="tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
+        "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading", "method",
+        "integration/patches/cpu_gemv.py", "reaches our wrapper",
+        "imports `dispatch_cpu_unquantized_gemm` from `vllm.model_executor.layers.utils` inside the method (so the "
+        "patched module attribute is what it calls)", params=("layer",),
+        source=("from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm",),
+        test="tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
+        "vllm._custom_ops:create_onednn_mm", "function", "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp",
+        "called: the oneDNN handler `linear_bf16` uses for calls with more rows than the threshold",
+        "returns a handler whose `handler_tensor` (int64) is what `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? "
+        "bias, Tensor handler_tensor)` takes; the C++ op calls that schema through the dispatcher (c [M, N] "
+        "preallocated, a [M, K])", params=("weight", "primitive_cache_size"),
+        source=("handler.handler_tensor", "torch.ops._C.create_onednn_mm_handler"),
+        test="tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
+        "vllm._custom_ops:onednn_mm", "function", "csrc/gemv_cpu.cpp (linear_bf16)",
+        "mirrored in C++: the same `_C::onednn_mm` call for calls with more rows than the threshold",
+        "`torch.ops._C.onednn_mm(output, x.reshape(-1, k), bias, handler_tensor)` with `output` [M, N] in x's dtype",
+        params=("dnnl_handler", "x", "bias"),
+        source=("torch.ops._C.onednn_mm(", "dnnl_handler.handler_tensor"),
+        test="tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
         "vllm.platforms.cpu:CpuPlatform.register_triton_kernel_overrides", "method", "integration/patches/"
         "cpu_expand_kernel.py", "reads `cpu_triton_utils._expand_kernel_impl` (our replacement)",
         "it scans `sys.modules` when the worker initialises (it breaks once numba/llvmlite is imported, so "

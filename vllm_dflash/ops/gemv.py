@@ -38,6 +38,12 @@ def _register_fake() -> None:
     def _gemv_fake(x: torch.Tensor, w_packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((x.shape[0], n))  # [M, N]
 
+    if hasattr(torch.ops.vllm_dflash, "linear_bf16"):
+        @torch.library.register_fake("vllm_dflash::linear_bf16")
+        def _linear_fake(x: torch.Tensor, w_packed: torch.Tensor, n: int, bias: torch.Tensor | None, max_rows: int,
+                         onednn_handler: torch.Tensor) -> torch.Tensor:
+            return x.new_empty((*x.shape[:-1], n))  # [..., N]
+
 
 _register_fake()
 _OP = getattr(torch.ops.vllm_dflash, "gemv_bf16", None)  # None where the extension is not built

@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Patch: bf16 CPU linear layers with few rows on our skinny-GEMM kernel (setting cpu_gemv; off by default).
+
+vLLM 0.32 gives every bf16 linear layer on x86 to oneDNN (`dispatch_cpu_unquantized_gemm`), which streams the weight
+at a fraction of the memory bandwidth when a call has 1-8 rows: the whole of decode at concurrency 1, and the draft
+forward. With `DFLASH_CPU_GEMV` set, a layer vLLM would give to oneDNN gets both: our packed copy of the weight
+(vllm_dflash/ops/gemv.py) and vLLM's oneDNN handler; `torch.ops.vllm_dflash.linear_bf16` picks one per call from the
+row count (csrc/gemv_cpu.cpp), so a compiled graph keeps working for every batch size. Every other layer (fp32,
+sgl-kernel, zentorch, a CPU without avx512_bf16) keeps vLLM's choice untouched.
+"""
+from __future__ import annotations
+
+import functools
+
+from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
+
+_ORIGINAL = None
+
+
+def max_rows(value: int | str, threads: int) -> int:
+    """The row threshold of a cpu_gemv value: `auto` = 8 with 2+ threads (measured crossover against oneDNN on
+    2-core Xeon / EPYC machines, benchmarks/results/gemv.md), 2 on one thread; an integer is itself; 0 = off."""
+    if value == "auto":
+        return 8 if threads >= 2 else 2
+    return int(value)
+
+
+def _eligible(layer, utils_mod, ops_mod) -> bool:
+    """Would vLLM give this layer to oneDNN (and can our kernel take it)? Mirrors dispatch_cpu_unquantized_gemm."""
+    import torch
+
+    from vllm.platforms import current_platform
+
+    from vllm_dflash.ops.gemv import gemv_supported
+
+    w = layer.weight
+    if w.is_meta or w.ndim != 2 or w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.numel() == 0:
+        return False
+    if current_platform.is_zen_cpu():  # vLLM may give it to zentorch
+        return False
+    n, k = w.shape
+    if utils_mod.check_cpu_sgl_kernel(n, k, w.dtype):
+        return False
+    return bool(ops_mod._supports_onednn) and gemv_supported()
+
+
+def dispatch(layer, remove_weight: bool) -> None:
+    """Wraps vLLM's dispatch_cpu_unquantized_gemm (same signature): our two-path linear where eligible."""
+    import torch
+
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers import utils as utils_mod
+
+    from vllm_dflash import settings
+    from vllm_dflash.ops.gemv import pack_gemv_weight
+
+    rows = max_rows(settings.process_setting("cpu_gemv"), torch.get_num_threads())
+    if rows <= 0 or not _eligible(layer, utils_mod, ops):
+        return _ORIGINAL(layer, remove_weight)
+    weight = layer.weight.detach()  # [N, K] bf16
+    try:
+        handler = ops.create_onednn_mm(weight.t(), 32)  # vLLM's own oneDNN GEMM, for calls with more rows
+    except RuntimeError:
+        return _ORIGINAL(layer, remove_weight)  # vLLM warns and falls back to F.linear itself
+    packed = pack_gemv_weight(weight)
+    layer._dflash_gemv = (packed, handler)  # keeps both alive (the handler frees its primitive in __del__)
+    op, n, handler_tensor = torch.ops.vllm_dflash.linear_bf16, packed.n, handler.handler_tensor
+    w_packed = packed.packed
+    layer.cpu_linear = lambda x, weight, bias: op(x, w_packed, n, bias, rows, handler_tensor)  # [..., N]
+    if remove_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype, device=weight.device),
+                                          requires_grad=False)
+    _log_once(rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _log_once(rows: int) -> None:
+    logger.info("vllm_dflash: bf16 linear layers with <= %d rows run on the skinny-GEMM kernel (cpu_gemv), larger "
+                "ones on vLLM's oneDNN GEMM", rows)
+
+
+def apply() -> None:
+    global _ORIGINAL
+    from vllm.model_executor.layers import utils as utils_mod
+
+    if getattr(utils_mod.dispatch_cpu_unquantized_gemm, "_vllm_dflash", False):
+        return
+    _ORIGINAL = utils_mod.dispatch_cpu_unquantized_gemm
+    dispatch._vllm_dflash = True
+    # linear.py and vocab_parallel_embedding.py import it from the module inside process_weights_after_loading
+    # (checked by the seam), so replacing the module attribute reaches every layer loaded after the plugin.
+    utils_mod.dispatch_cpu_unquantized_gemm = dispatch
+
+
+PATCH = Patch(
+    symbol="vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm (CPU linear-layer GEMM choice)",
+    why="oneDNN streams a bf16 weight far below the memory bandwidth for 1-8 rows (decode at low concurrency, the "
+        "draft forward); with DFLASH_CPU_GEMV set such calls run on our AVX512-BF16 skinny GEMM. Unset (the "
+        "default), the wrapper calls vLLM's function unchanged",
+    removal="when vLLM's CPU linear reaches the memory bandwidth at decode-sized M (benchmarks/gemv.py shows "
+            "`vllm` within 10% of `ours` at M=1 and M=8)",
+    apply=apply,
+)
