@@ -38,7 +38,7 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
                      "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
-                                "adaptive") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
+                                "adaptive", "cpu_gemv") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
 LAYOUT = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
           "process, TP 1), one process group per configuration, started one after another; the benchmark "
           "client (asyncio, one process) runs on the same machine")
@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
                    help="vLLM's max_num_seqs of every server (default: the largest concurrency)")
     p.add_argument("--dtype", default=None, help="model dtype of every server (default: the machine's fastest: bfloat16 "
                    "with avx512_bf16, else float32)")
+    p.add_argument("--cpu-gemv", default=None, metavar="OFF|AUTO|ROWS",
+                   help="DFLASH_CPU_GEMV of every server: bf16 linear calls with up to this many rows on our skinny-GEMM "
+                   "kernel (docs/CONFIGURATION.md) (default: the setting's default, off)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run every server eager (default: vLLM's default, torch.compile; ~1-2 min more start-up each)")
     p.add_argument("--spec-extra", action="append", default=[], metavar="CONFIG:KEY=VALUE",
@@ -254,7 +257,9 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
             "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
             "engine": {"dtype": dtype, "enforce_eager": a.enforce_eager, "max_model_len": a.max_model_len,
-                       "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib},
+                       "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib,
+                       "cpu_gemv": settings.parse_value("cpu_gemv", a.cpu_gemv) if a.cpu_gemv is not None
+                       else settings.PROCESS_FIELDS["cpu_gemv"].default},
             "layout": {"omp_num_threads": a.threads,
                        "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
                        "ld_preload": os.environ.get("LD_PRELOAD", ""), "description": LAYOUT},
@@ -381,6 +386,9 @@ def run_from_args(a: argparse.Namespace) -> int:
                                        "DFLASH_PROFILE": "1"}  # target forward timed (with our drafter)
     if a.cpu_bind:
         base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
+    if a.cpu_gemv is not None:
+        settings.parse_value("cpu_gemv", a.cpu_gemv)  # a bad value fails here, naming the setting, not in a server
+        base_env[settings.env_name("cpu_gemv")] = a.cpu_gemv
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
     meta["hinted_draft"] = str(hinted) if hinted else None
     hw, size = _hardware(target, dtype, a.threads)
