@@ -96,7 +96,8 @@ def _run(cfg, tok_s, outputs, c=1, ps="humaneval", tau=None, per_pos=(3.0, 1.0))
 
 
 def test_attach_baseline_and_table():
-    runs = [_run("none", 10.0, {"p": "x"}), _run("ours", 25.0, {"p": "y"}, tau=2.0), _run("ngram", 5.0, {"p": "x"}, tau=1.5),
+    runs = [_run("none", 10.0, {"p": "x"}), {**_run("ours", 25.0, {"p": "y"}, tau=2.0), "tokens_per_chunk": 1.8},
+            _run("ngram", 5.0, {"p": "x"}, tau=1.5),
             _run("ours", 7.0, {"p": "x"}, c=8, tau=1.5, per_pos=(1.0, 1.0))]  # no baseline at c8
     stats.attach_baseline(runs)
     assert runs[0]["speedup"] == 1.0 and runs[0]["vs_baseline"] is None
@@ -107,13 +108,13 @@ def test_attach_baseline_and_table():
                                          "error": "boom"}])
     rows = table.splitlines()
     assert len(rows) == 2 + 5 and rows[0].startswith("| prompts | concurrency | configuration")
-    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 1.75 | – | – | 150 / 190 / 199 | 10 / 10 / 10 "
+    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 1.75 | 1.80 | – | – | 150 / 190 / 199 | 10 / 10 / 10 "
             "| 0/1 **1 MISMATCH** | – |") in rows
     near = {"near_ties": 1, "max_near_tie_margin": 0.04}  # an explained bf16 near-tie is not a mismatch
     assert report._exact_cell({"identical": 0, "compared": 1}, near) == "0/1 + 1 near-tie (margin ≤ 0.04)"
     assert "| humaneval | 1 | ngram | 5.0 | 0.50× | 1.50 | 1.25 |" in table and "1/1 |" in table
     assert "| humaneval | 8 | ours | 7.0 | – | 1.50 |" in table and "failed: boom" in table
-    assert "| humaneval | 1 | none | 10.0 | 1.00× | – | – |" in table
+    assert "| humaneval | 1 | none | 10.0 | 1.00× | – | – | – |" in table
     acc = report.render_acceptance(runs)
     assert "| humaneval | ours | 0.500 | 0.250 |" in acc  # (3+1)/(4+4), (1+1)/(4+4): summed over c1 and c8
 
@@ -197,3 +198,11 @@ def test_demo_layout_binds_every_core_unless_told_otherwise():
     assert demo_layout("0,2-3", {})[0]["OMP_NUM_THREADS"] == "3"
     with pytest.raises(ValueError, match="--cpu-bind"):
         demo_layout("cores", {})
+
+
+def test_tokens_per_chunk():
+    """Completion tokens over the streamed text chunks of all requests (None when no chunk was seen)."""
+    reqs = [{"completion_tokens": 10, "chunks": 4, "t_start": 0.0, "t_end": 1.0},
+            {"completion_tokens": 6, "chunks": 4, "t_start": 0.5, "t_end": 2.0}]
+    assert stats.throughput(reqs)["tokens_per_chunk"] == pytest.approx(2.0)
+    assert stats.throughput([{"completion_tokens": 3, "t_start": 0.0, "t_end": 1.0}])["tokens_per_chunk"] is None

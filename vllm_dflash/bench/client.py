@@ -2,7 +2,10 @@
 """Concurrent streaming OpenAI chat clients (asyncio) against one `vllm serve`.
 
 `concurrency` requests are in flight at any time (a semaphore over the prompt list), each streamed
-so the time to the first token is observed; token counts come from the server's usage record."""
+so the time to the first token is observed; token counts come from the server's usage record. `chunks` counts the
+streamed chunks that carried text: vLLM streams one chunk per engine step of a request (stream_interval 1), so
+completion tokens / chunks estimates tokens per target forward for any configuration, vLLM's n-gram included (an
+upper estimate: a step whose tokens decode to no text yet is merged into the next chunk)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +22,7 @@ async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: b
         parts: list[str] = []
         usage = None
         finish = None
+        chunks = 0
         stream = await client.chat.completions.create(
             model="target", messages=item["messages"], max_tokens=max_tokens, temperature=0.0, stream=True,
             stream_options={"include_usage": True}, extra_body=extra)
@@ -33,12 +37,13 @@ async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: b
                 if t_first is None:
                     t_first = time.perf_counter()
                 parts.append(text)
+                chunks += 1
             finish = choice.finish_reason or finish
         t1 = time.perf_counter()
         if usage is None:
             raise RuntimeError(f"bench: no usage record in the stream for prompt {item['id']!r}")
         return {"id": item["id"], "text": "".join(parts), "completion_tokens": int(usage.completion_tokens),
-                "prompt_tokens": int(usage.prompt_tokens), "finish_reason": finish, "t_start": t0, "t_end": t1,
+                "prompt_tokens": int(usage.prompt_tokens), "chunks": chunks, "finish_reason": finish, "t_start": t0, "t_end": t1,
                 "ttft_s": (t_first - t0) if t_first is not None else None, "latency_s": t1 - t0}
 
 

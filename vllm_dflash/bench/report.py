@@ -35,20 +35,21 @@ def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], li
 def render_table(runs: list[dict[str, Any]]) -> str:
     """The main results table, one row per run (prompt set, concurrency, configuration)."""
     lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | tokens / forward "
-             "| limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) "
+             "| tokens / chunk | limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) "
              "| greedy identical to none | load avg 1m |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if not r.get("ok"):
             lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | failed: {r.get('error', '?')} "
-                         "| | | | | | | | | |")
+                         "| | | | | | | | | | |")
             continue
         sd, vs = r.get("spec_decode") or {}, r.get("vs_baseline")
         load = "–" if not r.get("loadavg_1m") else "{:.1f}–{:.1f}".format(*r["loadavg_1m"])  # machine noise
         same = "–" if vs is None else _exact_cell(vs, r.get("exactness"))
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {_f(r['output_tok_s'])} "
                      f"| {_f(r.get('speedup'), '{:.2f}×')} | {_f(sd.get('tau'), '{:.2f}')} "
-                     f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_limit_cells(r.get('limit'))} "
+                     f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_f(r.get('tokens_per_chunk'), '{:.2f}')} "
+                     f"| {_limit_cells(r.get('limit'))} "
                      f"| {_pcts(r['ttft_ms'])} "
                      f"| {_pcts(r['tpot_ms'])} | {same} | {load} |")
     return "\n".join(lines)
@@ -173,7 +174,11 @@ def render_markdown(result: dict[str, Any]) -> str:
     out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency; "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
-            "with a fixed block every decode step verifies drafts, so τ is it there); limit = the hardware bound "
+            "with a fixed block every decode step verifies drafts, so τ is it there); tokens / chunk = completion tokens / "
+            "streamed chunks with text, measured by the client for every configuration (vLLM streams one chunk per "
+            "engine step of a request, so this is tokens per target forward for n-gram too; an upper estimate, since "
+            "a step whose tokens decode to no text joins the next chunk: `none` shows the size of that effect); "
+            "limit = the hardware bound "
             "of the run's shape (bench/limit.py: max(weights / measured read bandwidth, query tokens × 2 × "
             "parameters / measured GEMM rate) per step, c × tokens per forward per step; attention and host work "
             "left out, so it is optimistic)" + _limit_inputs(result["meta"].get("limit")), "",

@@ -47,12 +47,15 @@ def request_latencies(requests: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def throughput(requests: list[dict[str, Any]]) -> dict[str, float]:
-    """Output tokens, wall time (first request sent .. last response done) and output tokens/s."""
+    """Output tokens, wall time (first request sent .. last response done), output tokens/s, and completion tokens
+    per streamed text chunk (client.py: about tokens per target forward, for every configuration)."""
     if not requests:
         return {"output_tokens": 0, "wall_s": 0.0, "output_tok_s": 0.0}
     tokens = sum(r["completion_tokens"] for r in requests)
     wall = max(r["t_end"] for r in requests) - min(r["t_start"] for r in requests)
-    return {"output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0}
+    chunks = sum(r.get("chunks", 0) for r in requests)
+    return {"output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0,
+            "tokens_per_chunk": tokens / chunks if chunks else None}
 
 
 def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
