@@ -49,6 +49,12 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "eval_humaneval164": {"machine": "epyc-avx2"},
     "eval_humaneval164_v3": {"machine": "xeon-bf16"},
     "bench_v3": {"machine": "xeon-bf16"},
+    "bench_v6": {"machine": "xeon-bf16"},
+    "bench_v6_c8c32": {"machine": "xeon-bf16"},
+    "gemv_vllm": {"machine": "xeon-bf16"},
+    "gemv": {"machine": "epyc-bf16"},
+    "gemv_ab_off": {"machine": "xeon-bf16"},
+    "gemv_ab_auto": {"machine": "xeon-bf16"},
     "bench_v5": {"machine": "epyc-bf16"},
     "bench_v4": {"machine": "epyc-bf16"},
     "step_cost": {"machine": "epyc-bf16"},
@@ -62,9 +68,9 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v6", "bench_v6_c8c32", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
-         "draft_depth", "profile_train_step", "soak", "bench_serving_quick"]
+         "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 BENCH_DEFAULTS = {"prompt_sets": ["humaneval", "chat"], "threads": 1, "kv_cache_gib": 2, "max_model_len": 2048,
                   "num_speculative_tokens": 7}
@@ -147,6 +153,10 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append(f"--kv-cache-gib {eng['kv_cache_gib']}")
     if eng.get("max_model_len") != BENCH_DEFAULTS["max_model_len"]:
         cmd.append(f"--max-model-len {eng['max_model_len']}")
+    if eng.get("cpu_gemv"):
+        cmd.append(f"--cpu-gemv {eng['cpu_gemv']}")
+    if m.get("hinted_draft") and "ours-hinted" in configs:
+        cmd.append(f"--hinted-draft {Path(m['hinted_draft']).name}")
     if not m.get("quick"):
         cmd.append(f"--name {m['name']}")
     return " ".join(cmd)
@@ -208,7 +218,14 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v5": "Serving compiled bf16 with every core bound to the worker (the benchmark's default layout "
+    title = {"bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "
+                         "fixed block, adaptive, merged, hinted; deferred KV injection; client-measured tokens per "
+                         "forward for every configuration",
+             "bench_v6_c8c32": "Repeat of bench_v6 at concurrency 8 and 32 with 32 prompts per run: none, n-gram, "
+                               "adaptive",
+             "gemv_ab_off": "Serving A/B of DFLASH_CPU_GEMV, part 1: off (none and adaptive, HumanEval c1 / c8)",
+             "gemv_ab_auto": "Serving A/B of DFLASH_CPU_GEMV, part 2: auto (8 rows), run right after part 1",
+             "bench_v5": "Serving compiled bf16 with every core bound to the worker (the benchmark's default layout "
                          "since 0.2.0), bundled draft version 3: none, n-gram, fixed block, adaptive, merged",
              "bench_v4": "Serving on vLLM's defaults (compiled bf16, vLLM's default layout), bundled draft version 3, "
                          "step-cost-aware adaptive drafting: none, n-gram, fixed block, adaptive, merged",
@@ -427,6 +444,19 @@ def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> li
     return out + hand(notes, stem)
 
 
+MD_SECTIONS = {"gemv_vllm": "The skinny-GEMM kernel inside vLLM (DFLASH_CPU_GEMV): decode step time off and on",
+               "gemv": "The skinny-GEMM kernel in isolation against vLLM's CPU linear"}
+
+
+def md_section(stem: str, notes: dict[str, str]) -> list[str]:
+    """A result whose script writes its own markdown table: that file's body (its first heading dropped), then
+    the hand-written reading."""
+    body = (RESULTS / f"{stem}.md").read_text().splitlines()
+    if body and body[0].startswith("#"):
+        body = body[1:]
+    return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem)}", *body, *hand(notes, stem)]
+
+
 def render() -> str:
     notes = read_notes()
     files = {p.stem: p for p in sorted(RESULTS.glob("*.json"))}
@@ -457,6 +487,8 @@ def render() -> str:
                 sec = train_section(stem, d, notes)
             elif stem == "step_cost":
                 sec = step_cost_section(stem, d, notes)
+            elif stem in MD_SECTIONS:
+                sec = md_section(stem, notes)
             else:
                 raise SystemExit(f"make_docs: no renderer for benchmarks/results/{stem}.json. Fix: add one")
         if sec:

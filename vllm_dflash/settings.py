@@ -249,7 +249,9 @@ class ProcessSettings:
         doc="bf16 linear layers on CPUs with avx512_bf16 (target and draft): a call with at most this many rows "
             "runs on our skinny-GEMM kernel (csrc/gemv_cpu.cpp), larger ones on vLLM's oneDNN GEMM. `auto`: 8 rows "
             "with 2+ OpenMP threads, else 2. Costs a second copy of each such weight. Ignored elsewhere (fp32, no "
-            "avx512_bf16, or a layer vLLM does not give to oneDNN).",
+            "avx512_bf16, or a layer vLLM does not give to oneDNN). Experimental: inside vLLM on a Xeon whose L3 holds "
+            "the whole model it measured slower than vLLM's own GEMM (benchmarks/results/gemv_vllm.md), so it "
+            "stays off by default.",
         fix="use off, auto or a number of rows from 1 to 16")
     dtype: str | None = _setting(
         None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
