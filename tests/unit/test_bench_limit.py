@@ -61,3 +61,22 @@ def test_table_cells():
     assert report._limit_cells(None) == "– | –"
     lim = limit.limit_tok_s(HW, SIZE, 1, 1.0, 1.0)
     assert report._limit_cells({**lim, "fraction": 0.44}) == "93 (memory) | 44 %"
+
+
+def test_l3_size_and_the_fits_in_cache_note(tmp_path):
+    """The L3 size is read from sysfs (level 3 only); the report says when the target's weights fit in it."""
+    from vllm_dflash.bench import limit, report
+
+    for i, (level, size) in enumerate([("1", "48K"), ("2", "2048K"), ("3", "300M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(level + "\n")
+        (d / "size").write_text(size + "\n")
+    assert limit.l3_bytes(tmp_path) == 300 << 20
+    assert limit.l3_bytes(tmp_path / "missing") is None
+    hw = {"threads": 2, "read_gb_s": 20.0, "gemm_tflops": 0.8, "dtype": "bfloat16", "gemm_shape": [256, 576, 1536]}
+    model = {"params": 134_515_008, "weight_bytes": 269_030_016, "hidden": 576, "intermediate": 1536}
+    assert "fit in this CPU's 300 MiB L3" in report._limit_inputs({"hardware": {**hw, "l3_bytes": 300 << 20},
+                                                                   "model": model})
+    assert "L3" not in report._limit_inputs({"hardware": {**hw, "l3_bytes": 32 << 20}, "model": model})
+    assert "L3" not in report._limit_inputs({"hardware": hw, "model": model})  # older results: no record

@@ -123,5 +123,21 @@ def run_shape(run: dict[str, Any]) -> tuple[float, float]:
     return gen / steps, 1.0 + drafted / steps
 
 
-def hardware_record(hw: Hardware, size: ModelSize) -> dict[str, Any]:
-    return {"hardware": asdict(hw), "model": asdict(size)}
+def l3_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The last-level (L3) cache size the OS reports for CPU 0, or None when unknown. When the target's weights fit
+    in it, a decode step need not stream them from DRAM, and the memory bound above is too pessimistic."""
+    for idx in sorted(sysfs.glob("index*")):
+        try:
+            if (idx / "level").read_text().strip() != "3":
+                continue
+            size = (idx / "size").read_text().strip().upper()  # e.g. "32768K", "300M"
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        digits = size.rstrip("KMG")
+        return int(digits) * mult if digits.isdigit() else None
+    return None
+
+
+def hardware_record(hw: Hardware, size: ModelSize, l3: int | None = None) -> dict[str, Any]:
+    return {"hardware": {**asdict(hw), "l3_bytes": l3}, "model": asdict(size)}

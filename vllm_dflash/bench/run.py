@@ -392,7 +392,7 @@ def run_from_args(a: argparse.Namespace) -> int:
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
     meta["hinted_draft"] = str(hinted) if hinted else None
     hw, size = _hardware(target, dtype, a.threads)
-    meta["limit"] = limit.hardware_record(hw, size)
+    meta["limit"] = limit.hardware_record(hw, size, limit.l3_bytes())
     result: dict[str, Any] = {"meta": meta, "configs": {}, "runs": []}
     from transformers import AutoTokenizer
 
