@@ -45,6 +45,8 @@ def test_eval_vllm_engine(pair, prompts):
     ng = r["ngram"]  # the prompt-lookup baseline on the same prompts
     assert ng["num_speculative_tokens"] == 3 and len(ng["per_position_acceptance"]) == 3
     assert ng["acceptance_length"] >= 1.0 and ng["speedup"] > 0
+    # request-steps = generated - accepted (steps without a proposal included): 1 <= tokens per forward <= τ
+    assert 1.0 <= ng["tokens_per_forward"] <= ng["acceptance_length"] + 1e-9
     assert r["acceptance_length"] >= 1.0 and r["speedup"] > 0 and r["num_steps"] > 0
     assert 0 < r["draft_time_share"] < 1  # measured from our drafter metrics, not a constant
     # every request-step yields >= 1 token; the prompt-finishing step yields 1 <= τ

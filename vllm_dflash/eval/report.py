@@ -50,7 +50,10 @@ def format_report(r: EvalReport | dict[str, Any]) -> str:
     ng = r.get("ngram")
     if ng:
         lines.append(f"  vLLM prompt lookup, {ng['num_speculative_tokens']} tokens, same prompts: τ "
-                     f"{ng['acceptance_length']:.3f}, per position "
+                     f"{ng['acceptance_length']:.3f}"
+                     + (f" ({ng['tokens_per_forward']:.3f} tokens per target forward)"
+                        if ng.get("tokens_per_forward") is not None else "")
+                     + ", per position "
                      + " ".join(f"{x:.2f}" for x in ng["per_position_acceptance"])
                      + (f", speedup {ng['speedup']:.2f}x" if ng.get("speedup") is not None else ""))
     return "\n".join(lines)
