@@ -52,6 +52,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v6": {"machine": "xeon-bf16"},
     "bench_v6_c8c32": {"machine": "xeon-bf16"},
     "gemv_vllm": {"machine": "xeon-bf16"},
+    "hinted_vllm": {"machine": "xeon-bf16"},
     "gemv": {"machine": "epyc-bf16"},
     "gemv_ab_off": {"machine": "xeon-bf16"},
     "gemv_ab_auto": {"machine": "xeon-bf16"},
@@ -68,7 +69,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v6", "bench_v6_c8c32", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -444,7 +445,8 @@ def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> li
     return out + hand(notes, stem)
 
 
-MD_SECTIONS = {"gemv_vllm": "The skinny-GEMM kernel inside vLLM (DFLASH_CPU_GEMV): decode step time off and on",
+MD_SECTIONS = {"hinted_vllm": "Plain draft, hinted draft and prompt lookup through vLLM, each alone (fixed block)",
+               "gemv_vllm": "The skinny-GEMM kernel inside vLLM (DFLASH_CPU_GEMV): decode step time off and on",
                "gemv": "The skinny-GEMM kernel in isolation against vLLM's CPU linear"}
 
 
