@@ -206,3 +206,15 @@ def test_tokens_per_chunk():
             {"completion_tokens": 6, "chunks": 4, "t_start": 0.5, "t_end": 2.0}]
     assert stats.throughput(reqs)["tokens_per_chunk"] == pytest.approx(2.0)
     assert stats.throughput([{"completion_tokens": 3, "t_start": 0.0, "t_end": 1.0}])["tokens_per_chunk"] is None
+
+
+def test_run_demo_reaches_the_draft_and_reports(pair, monkeypatch, capsys):
+    """`vllm-dflash demo --mode reference` end to end on the tiny trained pair (the README's demo shares every step
+    before the servers: target, draft resolution, prompts): it must print a report, not fail on a missing name."""
+    from vllm_dflash import target as target_mod
+    from vllm_dflash.bench.demo import run_demo
+
+    monkeypatch.setattr(target_mod, "prepare_target", lambda *a, **k: pair / "target")
+    assert run_demo(draft=str(pair / "draft-b8"), num_prompts=1, max_tokens=8, mode="reference") == 0
+    out = capsys.readouterr().out
+    assert "acceptance length" in out and "draft-b8" in out

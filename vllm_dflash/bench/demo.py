@@ -64,6 +64,7 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
 
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.data.prompts import humaneval_prompts
+    from vllm_dflash.drafts import resolve_draft_arg
     from vllm_dflash.exactness import explain, summarize, verdict_line
     from vllm_dflash.serve import tau
     from vllm_dflash.serve.server import Server
