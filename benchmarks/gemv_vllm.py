@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ def run_one(target: str, mode: str, gemv: str, threads: int) -> dict[str, float]
 def main() -> int:
     from vllm_dflash.ops.gemv import gemv_supported
     from vllm_dflash.target import cache_root
+    from vllm_dflash.utils import cpu_kind
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default=str(cache_root() / "SmolLM2-135M-Instruct"))
@@ -66,8 +66,7 @@ def main() -> int:
     a = p.parse_args()
     if not gemv_supported():
         raise SystemExit("gemv_vllm: the kernel needs avx512_bf16 (and the built extension); nothing to compare here")
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+    cpu = cpu_kind()
     runs = []
     for rep in range(a.repeats):
         for mode in a.modes.split(","):
@@ -85,7 +84,7 @@ def main() -> int:
             "threads": a.threads, "command": "python " + " ".join(sys.argv), "target": a.target}
     Path(a.out + ".json").write_text(json.dumps({"gemv_vllm": meta, "measurements": runs}, indent=1) + "\n")
     md = [f"# DFLASH_CPU_GEMV inside vLLM ({meta['started']})", "",
-          f"{cpu}, {a.threads} threads bound to the in-process worker, bf16, 96 greedy tokens; median of "
+          f"{cpu}; {a.threads} threads bound to the in-process worker, bf16, 96 greedy tokens; median of "
           f"{a.repeats} repeat(s); `{meta['command']}`", "", *rows, ""]
     Path(a.out + ".md").write_text("\n".join(md))
     print("\n".join(md))

@@ -35,6 +35,8 @@ def last_json(text: str) -> dict:
 
 
 def main() -> int:
+    from vllm_dflash.utils import cpu_kind
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hinted", required=True, help="the hinted draft folder (dflash_config.hint_ngram set)")
     p.add_argument("--plain", default=str(PLAIN))
@@ -53,8 +55,7 @@ def main() -> int:
                 text = subprocess.run([cli, *eval_args(draft, ps, a.limit)], capture_output=True, text=True,
                                       check=True).stdout
             reports.setdefault(ps, {})[role] = last_json(text)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_kind()
     meta = {"written": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": cpu, "hinted": a.hinted, "plain": a.plain,
             "eval_command": "vllm-dflash " + " ".join(eval_args(Path("DRAFT"), "PROMPTS", a.limit))}
     Path(a.out + ".json").write_text(json.dumps({"hinted_vllm": meta, "reports": reports}, indent=1) + "\n")

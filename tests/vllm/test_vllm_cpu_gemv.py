@@ -9,7 +9,7 @@ any other avx512_bf16 CPU, and the patch has something to replace."""
 import pytest
 import torch
 
-from vllm_dflash.exactness import near_tie_nats
+from vllm_dflash.exactness import first_difference, near_tie_nats
 from vllm_dflash.ops.gemv import gemv_supported
 
 from support.vllm_helpers import run_vllm
@@ -42,11 +42,15 @@ probe.update(ours=ours, onednn=onednn, other=other)
 
 def divergences(base: dict, other: dict) -> list[dict]:
     """Per prompt, the first token where `other` leaves `base`, with the baseline's margin between the two tokens
-    (None: the other token is not in the baseline's top-k there, i.e. far from a tie)."""
+    (None: the other token is not in the baseline's top-k there, i.e. far from a tie, or one output is a prefix of
+    the other)."""
     out = []
     for i, (a, b) in enumerate(zip(base["tokens"], other["tokens"])):
-        j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        j = first_difference(a, b)
         if j is None:
+            continue
+        if j >= min(len(a), len(b)):  # one output is a prefix of the other: no token pair to weigh
+            out.append({"prompt": i, "position": j, "margin": None})
             continue
         lp = base["logprobs"][i][j]
         margin = lp[str(a[j])] - lp[str(b[j])] if str(b[j]) in lp else None

@@ -113,7 +113,7 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
         # proposal included; tokens accepted past max_tokens and dropped make it a slight overestimate)
         gen, acc = taus.counter(nm, taus.GENERATED), taus.counter(nm, taus.ACCEPTED)
         report.ngram = {"num_speculative_tokens": ngram_k, "acceptance_length": ntau,
-                        "tokens_per_forward": gen / (gen - acc) if gen > acc else None,
+                        "tokens_per_forward": taus.tokens_per_forward(gen, gen - acc),
                            "per_position_acceptance": nper_pos, "output_tokens": nn, "tokens_per_s": nn / ndt,
                            "speedup": nn / ndt / report.baseline_tokens_per_s if baseline else None}
     return report
