@@ -349,6 +349,14 @@ CONTRACTS: tuple[Contract, ...] = (
         source=("from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm",),
         test="tests/vllm/test_vllm_cpu_gemv.py"),
     Contract(
+        "vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod.process_weights_after_loading",
+        "method", "integration/patches/cpu_gemv.py", "reaches our wrapper (the LM head; `remove_weight=False`, the "
+        "embedding keeps its weight)",
+        "imports `dispatch_cpu_unquantized_gemm` from `vllm.model_executor.layers.utils` inside the method (so the "
+        "patched module attribute is what it calls)", params=("layer",),
+        source=("from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm",),
+        test="tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
         "vllm._custom_ops:create_onednn_mm", "function", "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp",
         "called: the oneDNN handler `linear_bf16` uses for calls with more rows than the threshold",
         "returns a handler whose `handler_tensor` (int64) is what `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? "
