@@ -71,6 +71,26 @@ def test_feature_cache_key_covers_what_shapes_the_features(tgt, recs, tmp_path):
     torch.testing.assert_close(cut[0], full[0, : len(short.tokens)], atol=0.05, rtol=0.05)  # causal target, bf16 cache
 
 
+def test_feature_cache_writes_are_atomic(tgt, recs, tmp_path, monkeypatch):
+    """A run killed mid-write (or another run sharing the cache) must never find a partial .pt file: the features
+    are written to a temporary name and renamed into place."""
+    seq = TrajectoryDataset(recs[:1], max_len=32)[0]
+    f = TargetFeatures(tgt, (0, 1), tmp_path / "c")
+
+    def dies_mid_write(obj, path):
+        open(path, "wb").write(b"partial")
+        raise KeyboardInterrupt  # the process is killed while torch.save writes
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        f([seq], torch.device("cpu"), torch.float32)
+    assert not f.cache_file(seq).exists()  # the next read recomputes instead of loading garbage
+    monkeypatch.undo()
+    out = f([seq], torch.device("cpu"), torch.float32)
+    assert f.cache_file(seq).exists()
+    torch.testing.assert_close(f([seq], torch.device("cpu"), torch.float32), out)  # now read from the cache
+
+
 def test_greedy_only_and_a_split_that_never_trains_on_held_out_ids():
     recs = [{"id": f"s{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5, 6], "temperature": 0.7 if i % 4 == 0 else 0.0}
             for i in range(3000)]

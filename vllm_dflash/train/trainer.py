@@ -112,6 +112,13 @@ class TargetFeatures:
         key = f"{s.id}|{len(s.tokens)}|{tokens}|{','.join(map(str, self.layer_ids))}|{dtype}"
         return self.cache_dir / f"{hashlib.sha1(key.encode()).hexdigest()}.pt"
 
+    @staticmethod
+    def _store(feats: torch.Tensor, path: Path) -> None:
+        """Write a cache file atomically: a killed run or another run sharing the cache never sees a partial file."""
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        torch.save(feats.clone(), tmp)
+        os.replace(tmp, path)
+
     @torch.no_grad()
     def __call__(self, seqs: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """-> [N, S_max, n_feat * H] (zero-padded)."""
@@ -139,7 +146,7 @@ class TargetFeatures:
                 return (feats * att.to(device)[..., None]).to(dtype)  # zero-padded like the cached path
             for j, i in enumerate(todo):
                 out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16).cpu()
-                torch.save(out[i].clone(), self.cache_file(seqs[i]))
+                self._store(out[i], self.cache_file(seqs[i]))
         full = torch.zeros(len(seqs), S, out[0].shape[-1], dtype=dtype)
         for i, f in enumerate(out):
             full[i, : f.shape[0]] = f.to(dtype)
