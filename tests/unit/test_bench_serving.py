@@ -218,3 +218,32 @@ def test_run_demo_reaches_the_draft_and_reports(pair, monkeypatch, capsys):
     assert run_demo(draft=str(pair / "draft-b8"), num_prompts=1, max_tokens=8, mode="reference") == 0
     out = capsys.readouterr().out
     assert "acceptance length" in out and "draft-b8" in out
+
+
+def test_throughput_of_a_run_in_rounds_counts_only_each_rounds_own_span():
+    """Interleaved mode sends a run's prompts in rounds with other configurations in between: the gaps between rounds
+    must not count as this configuration's wall time."""
+    def req(t0, t1, n):
+        return {"t_start": t0, "t_end": t1, "completion_tokens": n, "chunks": n}
+    r1, r2 = [req(0.0, 2.0, 10), req(0.5, 1.5, 10)], [req(100.0, 101.0, 20)]
+    t = stats.throughput(r1 + r2, [r1, r2])
+    assert t["wall_s"] == 3.0 and t["output_tokens"] == 40 and abs(t["output_tok_s"] - 40 / 3) < 1e-12
+    assert stats.throughput(r1 + r2)["wall_s"] == 101.0  # without rounds: first start .. last end
+    assert stats.throughput(r1, [r1]) == stats.throughput(r1)
+
+
+def test_counter_deltas_of_several_waves_add_up():
+    waves = [({"a_total": 1.0, "g": 3.0}, {"a_total": 4.0, "g": 0.0}), ({"a_total": 10.0}, {"a_total": 12.0, "b_total": 1.0})]
+    assert stats.sum_deltas(waves) == {"a_total": 5.0, "g": -3.0, "b_total": 1.0}
+    sd = stats.spec_decode_delta({}, stats.sum_deltas([({}, {}), ({}, {})]))
+    assert sd["drafts"] == 0
+
+
+def test_interleave_rounds_keep_the_concurrency():
+    from vllm_dflash.bench.run import interleave_rounds
+
+    assert interleave_rounds(32, 1, 4) == 4
+    assert interleave_rounds(32, 8, 4) == 4
+    assert interleave_rounds(32, 32, 4) == 1  # a round of fewer than 32 prompts would not hold c32
+    assert interleave_rounds(24, 8, 4) == 3
+    assert interleave_rounds(5, 8, 4) == 1

@@ -160,6 +160,12 @@ def render_markdown(result: dict[str, Any]) -> str:
            + (f"LD_PRELOAD={lay['ld_preload']}" if lay.get("ld_preload") else "no LD_PRELOAD (vLLM warns that CPU "
               "speculative decoding is slower without Intel OpenMP preloaded)"),
            f"- layout: {lay['description']}"]
+    idle = [(r["idle_servers_cpu_s"], r["wall_s"]) for r in result["runs"] if r.get("ok") and "idle_servers_cpu_s" in r]
+    if idle:
+        cpu, wall = max(idle, key=lambda x: x[0] / x[1] if x[1] else 0.0)
+        cores = m["machine"].get("cores") or 1
+        out.append(f"  - idle servers during a run: at most {cpu:.1f} CPU-s over its {wall:.1f} s "
+                   f"({100 * cpu / (wall * cores) if wall else 0:.1f} % of the machine)")
     for name, c in result["configs"].items():
         procs = [p for p in c.get("processes") or [] if "resource_tracker" not in p["cmd"]]
         if procs:  # the API server's command line is long: its pid stands for it

@@ -42,6 +42,12 @@ PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metri
 LAYOUT = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
           "process, TP 1), one process group per configuration, started one after another; the benchmark "
           "client (asyncio, one process) runs on the same machine")
+LAYOUT_INTERLEAVED = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
+                      "process, TP 1), one process group per configuration, **all up at once and interleaved**: per "
+                      "prompt set and concurrency level the configurations run back to back, the prompts split into "
+                      "up to {rounds} rounds (each of at least `concurrency` prompts), the order rotated per round; "
+                      "a run's wall time is the sum of its rounds; the CPU time idle servers used meanwhile is "
+                      "recorded per run; the benchmark client (asyncio, one process) runs on the same machine")
 
 
 def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT_DIR) -> None:
@@ -93,6 +99,11 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
     p.add_argument("--log-dir", default=None, help="server logs (default: <out-dir>/logs/<name>)")
     p.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for a server to become healthy")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="every configuration's server up at once; per prompt set and concurrency the configurations "
+                        "run back to back, the prompts split into up to ROUNDS rounds (each keeps >= concurrency "
+                        "prompts) in a rotated order, so a machine whose speed drifts slows them alike. Memory: every "
+                        "server at once (about --kv-cache-gib + 2 GiB each) (default: 0, one server after another)")
     p.add_argument("--fail-on-mismatch", action="store_true",
                    help="exit 3 when a greedy output differs from none beyond a numerical near-tie (float32: any "
                         "difference; bf16: a top-2 logprob margin above vllm_dflash.exactness.NEAR_TIE_NATS)")
@@ -193,19 +204,35 @@ def _start(server: Any, timeout: float) -> str | None:
     return "unreachable"
 
 
-def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]], c: int, a: Any) -> dict[str, Any]:
+def _measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
+             others: list[Any] = ()) -> dict[str, Any]:
+    """One wave of requests against one server: the requests, the /metrics scrapes around them, the load average,
+    and the CPU seconds the `others` (servers left idle meanwhile, interleaved mode) used during it."""
     from vllm_dflash.bench.client import run_load
 
-    run: dict[str, Any] = {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(items)}
-    try:
-        before = settled_metrics(server)
-        load0 = os.getloadavg()[0]
-        reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
-        after = settled_metrics(server)
-    except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest of the benchmark goes on
-        logger.error("bench: %s / %s / c%d failed: %s", cfg.name, ps, c, e)
-        return {**run, "ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
-    run.update(ok=True, **stats.throughput(reqs), **stats.request_latencies(reqs), loadavg_1m=[load0, os.getloadavg()[0]])
+    before = settled_metrics(server)
+    load0 = os.getloadavg()[0]
+    idle0 = [group_cpu_s(o.proc.pid) for o in others]
+    reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
+    after = settled_metrics(server)
+    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others, idle0))
+    return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle}
+
+
+def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run (one configuration, prompt set and concurrency) from its waves (`_measure`; several in interleaved mode:
+    their wall times and counter deltas add up)."""
+    reqs = [r for w in waves for r in w["reqs"]]
+    run: dict[str, Any] = {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(reqs),
+                           "ok": True, "rounds": len(waves)}
+    run.update(**stats.throughput(reqs, [w["reqs"] for w in waves]), **stats.request_latencies(reqs),
+               loadavg_1m=[waves[0]["load"][0], waves[-1]["load"][1]])
+    if len(waves) > 1 or any(w["idle_cpu_s"] for w in waves):
+        run["idle_servers_cpu_s"] = round(sum(w["idle_cpu_s"] for w in waves), 2)
+    before: dict[str, float] = {}
+    after = stats.sum_deltas([(w["before"], w["after"]) for w in waves]) if len(waves) > 1 else waves[0]["after"]
+    if len(waves) == 1:
+        before = waves[0]["before"]
     gen = "vllm:generation_tokens_total"  # the server's own count: a cross-check of the clients' usage records
     run["server_generation_tokens"] = after.get(gen, 0.0) - before.get(gen, 0.0)
     run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
@@ -219,6 +246,29 @@ def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]]
     run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
     run["outputs"] = {r["id"]: r["text"] for r in reqs}
     return run
+
+
+def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]], c: int, a: Any) -> dict[str, Any]:
+    try:
+        return _summarize(cfg, ps, c, [_measure(server, items, c, a)])
+    except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest of the benchmark goes on
+        logger.error("bench: %s / %s / c%d failed: %s", cfg.name, ps, c, e)
+        return {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(items), "ok": False,
+                "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of one process group (a server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(f[2]) == pgid:  # fields after the command: state ppid pgrp ... utime (11) stime (12)
+            total += (int(f[11]) + int(f[12])) / tick
+    return total
 
 
 def _losslessness(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -262,7 +312,9 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
                        else settings.PROCESS_FIELDS["cpu_gemv"].default},
             "layout": {"omp_num_threads": a.threads,
                        "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
-                       "ld_preload": os.environ.get("LD_PRELOAD", ""), "description": LAYOUT},
+                       "ld_preload": os.environ.get("LD_PRELOAD", ""),
+                       "description": LAYOUT_INTERLEAVED.format(rounds=a.interleave) if a.interleave else LAYOUT},
+            "interleave": a.interleave,
             "machine": _machine(),
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
 
@@ -280,11 +332,9 @@ def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: d
     return summarize(len(ids), divs, server.dtype)
 
 
-def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts: dict[str, list[dict[str, Any]]],
-                  levels: list[int], a: argparse.Namespace, t_start: float,
-                  baseline: dict[tuple[str, int], dict[str, str]], tokenizer: Any) -> list[dict[str, Any]]:
-    """Start one configuration's server, warm it up, run every prompt set x concurrency level, stop it.
-    `baseline`: the outputs of `none` per (prompt set, concurrency), filled when `none` runs (it runs first)."""
+def _start_and_warm(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts: dict[str, list[dict[str, Any]]],
+                    a: argparse.Namespace, t_start: float) -> bool:
+    """Start one configuration's server and warm it up (not measured); False (recorded in `entry`) if it failed."""
     from vllm_dflash.bench.client import run_load
 
     print(f"[{time.time() - t_start:6.0f}s] starting vllm serve: {cfg.name} ...", flush=True)
@@ -293,33 +343,99 @@ def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts:
     if err:
         entry.update(status="failed", reason=err)
         logger.error("bench: %s did not start: %s", cfg.name, err)
-        return []
+        return False
     entry["start_s"] = round(time.time() - t0, 1)
+    try:  # warm-up: not measured (each run's before-scrape comes after it)
+        for ps in prompts:
+            run_load(server.url, prompts[ps][-1:], 1, 16)
+    except Exception as e:  # noqa: BLE001 - recorded; the other configurations still run
+        entry.update(status="failed", reason=f"warm-up: {type(e).__name__}: {e}"[:300])
+        server.stop()
+        return False
+    entry["processes"] = process_layout(server.proc.pid)
+    entry["omp_binding"] = omp_binding(Path(server.log_path).read_text(errors="replace"))
+    return True
+
+
+def _finish_run(run: dict[str, Any], server: Any, cfg: BenchConfig, items: list[dict[str, Any]],
+                baseline: dict[tuple[str, int], dict[str, str]], tokenizer: Any, t_start: float) -> dict[str, Any]:
+    """`none` records its outputs as the baseline; any other configuration's greedy outputs are explained against it
+    on its own server (still up)."""
+    key = (run["prompt_set"], run["concurrency"])
+    if run["ok"] and cfg.name == "none":
+        baseline[key] = run["outputs"]
+    elif run["ok"] and baseline.get(key) is not None:
+        run["exactness"] = _exactness(server, tokenizer, items, baseline[key], run["outputs"])
+    print(f"[{time.time() - t_start:6.0f}s] {cfg.name:13s} {run['prompt_set']:10s} c{run['concurrency']:<3d} "
+          + (f"{run['output_tok_s']:7.1f} tok/s  tau {_tau(run)}" if run["ok"] else run["error"]), flush=True)
+    return run
+
+
+def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts: dict[str, list[dict[str, Any]]],
+                  levels: list[int], a: argparse.Namespace, t_start: float,
+                  baseline: dict[tuple[str, int], dict[str, str]], tokenizer: Any) -> list[dict[str, Any]]:
+    """Start one configuration's server, warm it up, run every prompt set x concurrency level, stop it.
+    `baseline`: the outputs of `none` per (prompt set, concurrency), filled when `none` runs (it runs first)."""
+    if not _start_and_warm(server, cfg, entry, prompts, a, t_start):
+        return []
     runs = []
     try:
-        try:  # warm-up: not measured (each run's before-scrape comes after it)
-            for ps in prompts:
-                run_load(server.url, prompts[ps][-1:], 1, 16)
-        except Exception as e:  # noqa: BLE001 - recorded; the other configurations still run
-            entry.update(status="failed", reason=f"warm-up: {type(e).__name__}: {e}"[:300])
-            return []
-        entry["processes"] = process_layout(server.proc.pid)
-        entry["omp_binding"] = omp_binding(Path(server.log_path).read_text(errors="replace"))
         slices = level_slices(levels, a.num_prompts)
         for ps, items in prompts.items():
             for c in levels:
-                run = _one_run(server, cfg, ps, items[slices[c]], c, a)
-                base = baseline.get((ps, c))
-                if run["ok"] and base is not None and cfg.name != "none":  # explained on this server, still up
-                    run["exactness"] = _exactness(server, tokenizer, items[slices[c]], base, run["outputs"])
-                elif run["ok"] and cfg.name == "none":
-                    baseline[(ps, c)] = run["outputs"]
-                runs.append(run)
-                print(f"[{time.time() - t_start:6.0f}s] {cfg.name:13s} {ps:10s} c{c:<3d} "
-                      + (f"{run['output_tok_s']:7.1f} tok/s  tau {_tau(run)}" if run["ok"] else run["error"]), flush=True)
+                runs.append(_finish_run(_one_run(server, cfg, ps, items[slices[c]], c, a), server, cfg,
+                                        items[slices[c]], baseline, tokenizer, t_start))
     finally:
         server.stop()
     return runs
+
+
+def interleave_rounds(n_prompts: int, c: int, rounds: int) -> int:
+    """Rounds a run of n_prompts at concurrency c is split into: at most `rounds`, and each round keeps at least c
+    prompts (a round of fewer would not hold the concurrency)."""
+    return max(1, min(rounds, n_prompts // max(c, 1)))
+
+
+def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], entries: dict[str, dict[str, Any]],
+                       prompts: dict[str, list[dict[str, Any]]], levels: list[int], a: argparse.Namespace,
+                       t_start: float, baseline: dict[tuple[str, int], dict[str, str]],
+                       tokenizer: Any) -> list[dict[str, Any]]:
+    """Every configuration's server up at once; each prompt set x concurrency level runs every configuration back
+    to back, its prompts split into rounds with the configurations' order rotated per round, so a machine whose
+    speed drifts over minutes slows every configuration alike. Idle servers' CPU use is recorded with each run."""
+    live: list[str] = []
+    try:
+        for name, server in servers.items():
+            if _start_and_warm(server, cfgs[name], entries[name], prompts, a, t_start):
+                live.append(name)
+        runs = []
+        slices = level_slices(levels, a.num_prompts)
+        for ps, items in prompts.items():
+            for c in levels:
+                its = items[slices[c]]
+                n = interleave_rounds(len(its), c, a.interleave)
+                chunks = [its[r::n] for r in range(n)]
+                waves: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
+                errors: dict[str, str] = {}
+                for r, chunk in enumerate(chunks):
+                    for name in live[r % len(live):] + live[: r % len(live)]:
+                        if name in errors:
+                            continue
+                        others = [servers[o] for o in live if o != name]
+                        time.sleep(0.5)  # the server that ran last settles (OpenMP threads stop spinning)
+                        try:
+                            waves[name].append(_measure(servers[name], chunk, c, a, others))
+                        except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest go on
+                            logger.error("bench: %s / %s / c%d failed: %s", name, ps, c, e)
+                            errors[name] = f"{type(e).__name__}: {e}"[:300]
+                for name in sorted(live, key=lambda x: x != "none"):  # none first: the others are explained against it
+                    run = ({"config": name, "prompt_set": ps, "concurrency": c, "num_prompts": len(its), "ok": False,
+                            "error": errors[name]} if name in errors else _summarize(cfgs[name], ps, c, waves[name]))
+                    runs.append(_finish_run(run, servers[name], cfgs[name], its, baseline, tokenizer, t_start))
+        return runs
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 def _write(result: dict[str, Any], out_dir: Path, name: str, plots: bool) -> None:
@@ -399,6 +515,7 @@ def run_from_args(a: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     baseline: dict[tuple[str, int], dict[str, str]] = {}
     configs = sorted(configs, key=lambda c: c.name != "none")  # `none` first: the others are explained against it
+    servers: dict[str, Any] = {}
     for cfg in configs:
         spec = cfg.speculative_config(str(hinted if cfg.hinted else draft) if draft else None, k)
         entry = result["configs"][cfg.name] = {"description": cfg.description, "speculative_config": spec,
@@ -412,7 +529,13 @@ def run_from_args(a: argparse.Namespace) -> int:
                         env={**base_env, **cfg.env}, max_model_len=a.max_model_len, dtype=dtype,
                         enforce_eager=a.enforce_eager,
                         log_path=str(log_dir / f"{cfg.name}.log"))
-        result["runs"] += _bench_config(server, cfg, entry, prompts, levels, a, t_start, baseline, tokenizer)
+        if a.interleave:
+            servers[cfg.name] = server
+        else:
+            result["runs"] += _bench_config(server, cfg, entry, prompts, levels, a, t_start, baseline, tokenizer)
+    if a.interleave:
+        result["runs"] = _bench_interleaved(servers, {c.name: c for c in configs}, result["configs"], prompts, levels,
+                                            a, t_start, baseline, tokenizer)
     stats.attach_baseline(result["runs"])
     attach_limits(result, hw, size)
     result["losslessness"] = _losslessness(result["runs"])

@@ -46,16 +46,33 @@ def request_latencies(requests: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ttft_ms": summarize(ttft, 1000.0), "tpot_ms": summarize(tpot, 1000.0)}
 
 
-def throughput(requests: list[dict[str, Any]]) -> dict[str, float]:
+def throughput(requests: list[dict[str, Any]], rounds: list[list[dict[str, Any]]] | None = None) -> dict[str, float]:
     """Output tokens, wall time (first request sent .. last response done), output tokens/s, and completion tokens
-    per streamed text chunk (client.py: about tokens per target forward, for every configuration)."""
-    if not requests:
+    per streamed text chunk (client.py: about tokens per target forward, for every configuration).
+
+    rounds: the same requests as the waves they were sent in (an interleaved benchmark sends a run's prompts in
+    several rounds, with other configurations in between): the wall time is the sum of each round's own span, so
+    the gaps between rounds do not count."""
+    rounds = [rd for rd in (rounds if rounds is not None else [requests]) if rd]
+    if not rounds:
         return {"output_tokens": 0, "wall_s": 0.0, "output_tok_s": 0.0}
-    tokens = sum(r["completion_tokens"] for r in requests)
-    wall = max(r["t_end"] for r in requests) - min(r["t_start"] for r in requests)
-    chunks = sum(r.get("chunks", 0) for r in requests)
+    reqs = [r for rd in rounds for r in rd]
+    tokens = sum(r["completion_tokens"] for r in reqs)
+    wall = sum(max(r["t_end"] for r in rd) - min(r["t_start"] for r in rd) for rd in rounds)
+    chunks = sum(r.get("chunks", 0) for r in reqs)
     return {"output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0,
             "tokens_per_chunk": tokens / chunks if chunks else None}
+
+
+def sum_deltas(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, float]:
+    """Counter deltas of several (before, after) /metrics scrapes of one server, summed per series: the `after` of a
+    run measured in rounds (compare it with an empty `before`). Only counters and histogram sums / counts are
+    meaningful in the result; gauges are summed differences too."""
+    out: dict[str, float] = {}
+    for before, after in pairs:
+        for k, v in after.items():
+            out[k] = out.get(k, 0.0) + v - before.get(k, 0.0)
+    return out
 
 
 def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
