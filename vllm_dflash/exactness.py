@@ -32,6 +32,18 @@ def near_tie_nats(dtype: str) -> float:
     return NEAR_TIE_NATS.get(dtype.replace("torch.", ""), 0.0)
 
 
+# Logprobs come back as float32 differences of log-sum-exp terms: a margin that sits on the bf16 grid (k / 8 nats)
+# reads a few float32 ulps off it (measured: 0.5000000596 for 4/8). The comparison allows that much, no more.
+MARGIN_FP32_SLACK = 1e-4
+
+
+def is_near_tie(margin: float | None, dtype: str) -> bool:
+    """A divergence whose chosen tokens are `margin` nats apart at most (None: one is not among the target's top
+    tokens) is numerical in `dtype`; never in float32."""
+    tol = near_tie_nats(dtype)
+    return margin is not None and tol > 0 and margin <= tol + MARGIN_FP32_SLACK
+
+
 def is_exact_dtype(dtype: str) -> bool:
     return near_tie_nats(dtype) == 0.0
 
@@ -102,12 +114,11 @@ def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, othe
     except (OSError, KeyError, IndexError, ValueError):
         best = []
     lp = dict(best)
-    tol = near_tie_nats(dtype)
     ta, tb = tid(a), tid(b)
     # margin: how far the less likely of the two chosen tokens is below the target's best token (nats); None when
     # one of them is not even among its TOP_K (then it is far from a tie)
     margin = best[0][1] - min(lp[ta], lp[tb]) if best and ta in lp and tb in lp else None
-    near = margin is not None and tol > 0 and margin <= tol
+    near = is_near_tie(margin, dtype)
     text = lambda t: "" if t is None else tokenizer.decode([t])  # noqa: E731
     return Divergence(index=i, base_token=text(ta), other_token=text(tb), margin=margin,
                       top2=tuple(text(t) for t, _ in best[:3]), near_tie=near)

@@ -40,7 +40,7 @@ def test_bf16_divergences_are_near_ties(pair, tmp_path):
                 if (d := ex.explain(srv.url, tok, {"prompt": p}, a, b, "bfloat16"))]
         s = summarize(len(PROMPTS), divs, "bfloat16")
         assert s["passed"], verdict_line(s)
-        assert all(d["margin"] is not None and d["margin"] <= ex.near_tie_nats("bfloat16") for d in s["divergences"])
+        assert all(ex.is_near_tie(d["margin"], "bfloat16") for d in s["divergences"])
         # negative control: the served target's least likely of its top-20 tokens at position 3, swapped in
         ids = tok.encode(base["texts"][0], add_special_tokens=False)
         prompt_ids = ex.prompt_ids(tok, {"prompt": PROMPTS[0]})

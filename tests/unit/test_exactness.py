@@ -18,6 +18,16 @@ def test_tolerance_per_dtype():
     assert ex.near_tie_nats("bfloat16") > 0 and ex.near_tie_nats("torch.bfloat16") == ex.near_tie_nats("bfloat16")
 
 
+def test_near_tie_at_the_tolerance_survives_float32_rounding():
+    """bench_v7 judged a bf16 divergence at margin 0.5000000596 (4/8 nat, the tolerance, read through float32
+    logprobs) as real; a margin on the tolerance is a near-tie, one bf16 step above it is not, and float32 has none."""
+    assert ex.is_near_tie(0.5000000596046448, "bfloat16")
+    assert ex.is_near_tie(0.5, "bfloat16") and ex.is_near_tie(0.0, "bfloat16")
+    assert not ex.is_near_tie(0.625, "bfloat16") and not ex.is_near_tie(0.5002, "bfloat16")
+    assert not ex.is_near_tie(None, "bfloat16")  # a chosen token outside the target's top tokens
+    assert not ex.is_near_tie(0.0, "float32")
+
+
 def _div(margin, near):
     return Divergence(index=7, base_token=" a", other_token=" b", margin=margin, top2=(" a", " b"), near_tie=near)
 
