@@ -50,6 +50,8 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "eval_humaneval164_v3": {"machine": "xeon-bf16"},
     "bench_v3": {"machine": "xeon-bf16"},
     "bench_v6": {"machine": "xeon-bf16"},
+    "bench_v7": {"machine": "xeon-bf16"},
+    "bench_v8": {"machine": "xeon-bf16"},
     "bench_v6_c8c32": {"machine": "xeon-bf16"},
     "gemv_vllm": {"machine": "xeon-bf16"},
     "hinted_vllm": {"machine": "xeon-bf16"},
@@ -69,7 +71,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v8", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -156,6 +158,8 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append(f"--max-model-len {eng['max_model_len']}")
     if eng.get("cpu_gemv"):
         cmd.append(f"--cpu-gemv {eng['cpu_gemv']}")
+    if m.get("interleave"):
+        cmd.append(f"--interleave {m['interleave']}")
     if m.get("hinted_draft") and "ours-hinted" in configs:
         cmd.append(f"--hinted-draft {Path(m['hinted_draft']).name}")
     if not m.get("quick"):
@@ -219,7 +223,11 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "
+    title = {"bench_v8": "Interleaved serving benchmark, repeat of bench_v7 with the fixed block: none, n-gram, "
+                         "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
+             "bench_v7": "Interleaved serving benchmark on a Xeon with AMX: none, n-gram, adaptive, merged, hinted "
+                         "(32 prompts per run, all servers up, configurations back to back in rotated rounds)",
+             "bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "
                          "fixed block, adaptive, merged, hinted; deferred KV injection; client-measured tokens per "
                          "forward for every configuration",
              "bench_v6_c8c32": "Repeat of bench_v6 at concurrency 8 and 32 with 32 prompts per run: none, n-gram, "
@@ -251,7 +259,18 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
             f"{m['max_tokens']} tokens, prompts per run = max({m['num_prompts']}, concurrency), a different slice "
             "of each prompt set per concurrency level; streaming OpenAI chat clients",
             f"- per-run details (TTFT, TPOT, every output difference): "
-            f"[benchmarks/results/{stem}.md](../benchmarks/results/{stem}.md)", ""]
+            f"[benchmarks/results/{stem}.md](../benchmarks/results/{stem}.md)"]
+    if m.get("interleave"):
+        idle = [(r["idle_servers_cpu_s"], r["wall_s"]) for r in result["runs"]
+                if r.get("ok") and "idle_servers_cpu_s" in r and r["wall_s"]]
+        worst = max(idle, key=lambda x: x[0] / x[1]) if idle else None
+        out.append(f"- interleaved (`--interleave {m['interleave']}`): every server up at once; per prompt set and "
+                   "concurrency the configurations ran back to back, the prompts split into rounds (each of at least "
+                   "`concurrency` prompts; one round at c32) in an order rotated per round; a run's wall time is the "
+                   "sum of its rounds"
+                   + (f"; idle servers used at most {100 * worst[0] / (worst[1] * m['machine']['cores']):.1f} % of "
+                      "the machine during a run" if worst else ""))
+    out += [""]
     out += ["Cells: output tok/s for `none`; for the others speedup over `none` at the same prompt set and "
             "concurrency · tokens per target forward, every request-step counted (vLLM's τ, per step that "
             "verified drafts). Tokens per forward is counted by adaptive drafting; marked ≈ it is derived from "

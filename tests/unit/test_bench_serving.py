@@ -247,3 +247,23 @@ def test_interleave_rounds_keep_the_concurrency():
     assert interleave_rounds(32, 32, 4) == 1  # a round of fewer than 32 prompts would not hold c32
     assert interleave_rounds(24, 8, 4) == 3
     assert interleave_rounds(5, 8, 4) == 1
+
+
+def test_a_run_in_rounds_sums_counters_and_keeps_the_last_gauges():
+    from types import SimpleNamespace
+
+    from vllm_dflash.bench.run import _summarize
+
+    def wave(t0, n, gen0, gen1, alpha):
+        req = {"id": f"p{t0}", "text": "x", "completion_tokens": n, "prompt_tokens": 5, "chunks": n,
+               "finish_reason": "length", "t_start": t0, "t_end": t0 + 1.0, "ttft_s": 0.1, "latency_s": 1.0}
+        before = {"vllm:generation_tokens_total": gen0, "vllm_dflash:cost_fixed_ms": 1.0}
+        after = {"vllm:generation_tokens_total": gen1, "vllm_dflash:cost_fixed_ms": alpha,
+                 "vllm_dflash:request_steps_total": 9.0}
+        return {"reqs": [req], "before": before, "after": after, "load": [0.1, 0.2], "idle_cpu_s": 0.05}
+    cfg = SimpleNamespace(name="ours-adaptive", method="dflash")
+    run = _summarize(cfg, "chat", 1, [wave(0.0, 10, 100.0, 110.0, 40.0), wave(50.0, 20, 300.0, 320.0, 42.0)])
+    assert run["server_generation_tokens"] == 30.0  # 10 + 20: the gap of 190 tokens between waves is not counted
+    assert run["wall_s"] == 2.0 and run["output_tokens"] == 30 and run["rounds"] == 2
+    assert run["dflash_gauges"] == {"cost_fixed_ms": 42.0}  # the last scrape's state, not a sum of differences
+    assert run["idle_servers_cpu_s"] == 0.1

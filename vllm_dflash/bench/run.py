@@ -242,6 +242,12 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
     draft_s = split["draft_forward"] + split["kv_injection"]
     run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None
     run["time_split_s"] = {**split, "wall": run["wall_s"]} if draft_s > 0 else None
+    # our gauges at the end of the run (step-cost fit, guard rates): state, not deltas, so the last scrape's values
+    last = waves[-1]["after"]
+    gauges = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("vllm_dflash:")
+              and not k.endswith(("_total", "_sum", "_count", "_bucket", "_created")) and "{" not in k}
+    if gauges:
+        run["dflash_gauges"] = gauges
     run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
     run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
     run["outputs"] = {r["id"]: r["text"] for r in reqs}
