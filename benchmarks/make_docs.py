@@ -52,6 +52,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v6": {"machine": "xeon-bf16"},
     "bench_v7": {"machine": "xeon-bf16"},
     "bench_v8": {"machine": "xeon-bf16"},
+    "bench_v8_c32": {"machine": "xeon-bf16"},
     "bench_v6_c8c32": {"machine": "xeon-bf16"},
     "gemv_vllm": {"machine": "xeon-bf16"},
     "hinted_vllm": {"machine": "xeon-bf16"},
@@ -71,7 +72,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v8", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v8", "bench_v8_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -225,6 +226,8 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
     eng = m["engine"]
     title = {"bench_v8": "Interleaved serving benchmark, repeat of bench_v7 with the fixed block: none, n-gram, "
                          "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
+             "bench_v8_c32": "Concurrency 32 again, 64 prompts per run in two interleaved rounds: none, n-gram, "
+                             "adaptive, merged",
              "bench_v7": "Interleaved serving benchmark on a Xeon with AMX: none, n-gram, adaptive, merged, hinted "
                          "(32 prompts per run, all servers up, configurations back to back in rotated rounds)",
              "bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "
@@ -266,8 +269,10 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
         worst = max(idle, key=lambda x: x[0] / x[1]) if idle else None
         out.append(f"- interleaved (`--interleave {m['interleave']}`): every server up at once; per prompt set and "
                    "concurrency the configurations ran back to back, the prompts split into rounds (each of at least "
-                   "`concurrency` prompts; one round at c32) in an order rotated per round; a run's wall time is the "
-                   "sum of its rounds"
+                   "`concurrency` prompts; rounds per level: " + ", ".join(
+                       f"c{c} {n}" for c, n in sorted({r["concurrency"]: r.get("rounds", 1) for r in result["runs"]
+                                                        if r.get("ok")}.items()))
+                   + ") in an order rotated per round; a run's wall time is the sum of its rounds"
                    + (f"; idle servers used at most {100 * worst[0] / (worst[1] * m['machine']['cores']):.1f} % of "
                       "the machine during a run" if worst else ""))
     out += [""]
