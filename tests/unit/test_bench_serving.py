@@ -267,3 +267,4 @@ def test_a_run_in_rounds_sums_counters_and_keeps_the_last_gauges():
     assert run["wall_s"] == 2.0 and run["output_tokens"] == 30 and run["rounds"] == 2
     assert run["dflash_gauges"] == {"cost_fixed_ms": 42.0}  # the last scrape's state, not a sum of differences
     assert run["idle_servers_cpu_s"] == 0.1
+

@@ -114,7 +114,24 @@ def select(names: list[str], spec_extra: Sequence[str] = (), env_extra: Sequence
             chosen[name].env[key] = value
         else:
             try:
-                chosen[name].spec_extra[key] = json.loads(value)
+                val = json.loads(value)
             except json.JSONDecodeError:
-                chosen[name].spec_extra[key] = value
+                val = value
+            # a key of vLLM's own SpeculativeConfig (e.g. prompt_lookup_min of n-gram) goes to vLLM as is; the
+            # rest are our plugin's keys, checked against what the installed plugin strips (unavailable_reason)
+            from vllm_dflash.settings import SPEC_KEYS
+
+            ours = key in SPEC_KEYS  # checked first: vLLM is imported only for a key that is not ours
+            (chosen[name].spec if not ours and key in vllm_spec_keys() else chosen[name].spec_extra)[key] = val
     return [chosen[n] for n in names]
+
+
+def vllm_spec_keys() -> frozenset[str]:
+    """The fields of the installed vLLM's SpeculativeConfig (empty when vLLM cannot be imported)."""
+    import dataclasses
+
+    try:
+        from vllm.config import SpeculativeConfig
+    except Exception:  # noqa: BLE001 - no vLLM here: every extra key is then judged as one of ours
+        return frozenset()
+    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig))
