@@ -53,6 +53,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v7": {"machine": "xeon-bf16"},
     "bench_v8": {"machine": "xeon-bf16"},
     "bench_v8_c32": {"machine": "xeon-bf16"},
+    "spec_overhead_c32": {"machine": "xeon-bf16"},
     "bench_v6_c8c32": {"machine": "xeon-bf16"},
     "gemv_vllm": {"machine": "xeon-bf16"},
     "hinted_vllm": {"machine": "xeon-bf16"},
@@ -72,7 +73,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v8", "bench_v8_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -148,7 +149,7 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append("--enforce-eager")
     if m.get("ignore_eos"):
         cmd.append("--ignore-eos")
-    if m.get("num_speculative_tokens") != BENCH_DEFAULTS["num_speculative_tokens"]:
+    if m.get("num_speculative_tokens") not in (None, BENCH_DEFAULTS["num_speculative_tokens"]):
         cmd.append(f"--num-spec-tokens {m['num_speculative_tokens']}")
     if not m.get("quick"):  # the layout, always explicit (the full run's default changed in 0.2.0)
         bind = str(lay.get("cpu_bind", "auto"))
@@ -161,6 +162,7 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append(f"--cpu-gemv {eng['cpu_gemv']}")
     if m.get("interleave"):
         cmd.append(f"--interleave {m['interleave']}")
+    cmd += [f"--spec-extra {x}" for x in m.get("spec_extra", [])] + [f"--env {x}" for x in m.get("env_extra", [])]
     if m.get("hinted_draft") and "ours-hinted" in configs:
         cmd.append(f"--hinted-draft {Path(m['hinted_draft']).name}")
     if not m.get("quick"):
@@ -228,6 +230,8 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
                          "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
              "bench_v8_c32": "Concurrency 32 again, 64 prompts per run in two interleaved rounds: none, n-gram, "
                              "adaptive, merged",
+             "spec_overhead_c32": "The cost of vLLM's speculative step itself at concurrency 32: n-gram with a "
+                                  "48-token match required (it almost never proposes) against no speculation",
              "bench_v7": "Interleaved serving benchmark on a Xeon with AMX: none, n-gram, adaptive, merged, hinted "
                          "(32 prompts per run, all servers up, configurations back to back in rotated rounds)",
              "bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "
@@ -257,8 +261,11 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
         f"{m['versions']['vllm_dflash']}, vLLM {m['versions']['vllm']}, torch {m['versions']['torch']}; "
         f"load average {m['machine']['loadavg_start'][0]:.1f} at start, {m['machine']['loadavg_end'][0]:.1f} at end; "
         f"{m['elapsed_s'] / 60:.0f} min")
-    draft = f"`{Path(m['draft']).name}`" + ("" if m["draft_trained"] else " (**UNTRAINED** draft: τ ≈ 1 expected)")
-    out += [f"- workload: draft {draft}, {m['num_speculative_tokens']} drafts per step at most, greedy, up to "
+    draft = ("no DFlash draft" if not m["draft"] else f"draft `{Path(m['draft']).name}`"
+             + ("" if m["draft_trained"] else " (**UNTRAINED** draft: τ ≈ 1 expected)"))
+    spec_k = f"{m['num_speculative_tokens']} drafts per step at most" if m["num_speculative_tokens"] else \
+        "draft lengths as configured"
+    out += [f"- workload: {draft}, {spec_k}, greedy, up to "
             f"{m['max_tokens']} tokens, prompts per run = max({m['num_prompts']}, concurrency), a different slice "
             "of each prompt set per concurrency level; streaming OpenAI chat clients",
             f"- per-run details (TTFT, TPOT, every output difference): "

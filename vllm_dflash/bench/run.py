@@ -320,7 +320,7 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
                        "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
                        "ld_preload": os.environ.get("LD_PRELOAD", ""),
                        "description": LAYOUT_INTERLEAVED.format(rounds=a.interleave) if a.interleave else LAYOUT},
-            "interleave": a.interleave,
+            "interleave": a.interleave, "spec_extra": list(a.spec_extra), "env_extra": list(a.env),
             "machine": _machine(),
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
 
