@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--layers", default="1", help="draft depths, comma-separated (e.g. 1,2,3 for the depth study)")
+    ap.add_argument("--vocab", default="full,8192", help="output layers: full and/or a reduced vocabulary size")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.threads:
@@ -43,13 +45,16 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_dflash.target import prepare_target
     from vllm_dflash.train.data import TrajectoryDataset
     from vllm_dflash.train.trainer import BlockDiffusionTrainer
+    from vllm_dflash.utils import cpu_kind
 
     tgt = AutoModelForCausalLM.from_pretrained(str(prepare_target()), dtype=torch.float32).eval()
     ds = TrajectoryDataset.from_dir(a.data, max_len=640)
     seqs = ds.items[: a.batch_size]
     rows = {}
-    for vocab in (None, 8192):
-        cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=1, block_size=a.block_size,
+    layers = [int(x) for x in a.layers.split(",")]
+    vocabs = [None if v == "full" else int(v) for v in a.vocab.split(",")]
+    for L, vocab in [(L, v) for L in layers for v in vocabs]:
+        cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=L, block_size=a.block_size,
                                       draft_vocab_size=vocab)  # mask: the id known for SmolLM2 (16)
         d = DFlashDraftModel(cfg)
         ids = torch.arange(vocab) if vocab else None
@@ -63,15 +68,17 @@ def main(argv: list[str] | None = None) -> None:
             loss, _ = tr._batch_loss(seqs, 0, 0)
             loss.backward()
         t_step = timed(step, a.reps)
-        rows["full" if vocab is None else f"reduced-{vocab}"] = {"target_features_s": t_feat, "draft_step_s": t_step}
+        name = "full" if vocab is None else f"reduced-{vocab}"
+        rows[name if layers == [1] else f"{L}-layer {name}"] = {"layers": L, "target_features_s": t_feat,
+                                                                "draft_step_s": t_step}
     tokens = sum(len(s.tokens) for s in seqs)
     res = {"batch_size": a.batch_size, "anchors": a.anchors, "block_size": a.block_size, "tokens_in_batch": tokens,
-           "threads": torch.get_num_threads(), "phases": rows,
+           "threads": torch.get_num_threads(), "cpu": cpu_kind(), "phases": rows,
            "feature_cache_bytes_per_token": 5 * 576 * 2, "note": "draft_step = fwd+bwd with cached features"}
     print(f"batch {a.batch_size} seqs / {tokens} tokens, {a.anchors} anchors x block {a.block_size}, {res['threads']} threads")
-    print(f"{'output layer':<16}{'target features (s)':>22}{'draft fwd+bwd (s)':>20}")
+    print(f"{'draft':<24}{'target features (s)':>22}{'draft fwd+bwd (s)':>20}")
     for k, r in rows.items():
-        print(f"{k:<16}{r['target_features_s']:>22.3f}{r['draft_step_s']:>20.3f}")
+        print(f"{k:<24}{r['target_features_s']:>22.3f}{r['draft_step_s']:>20.3f}")
     print(f"cached features cost {res['feature_cache_bytes_per_token']} bytes/token (bf16, 5 layers x 576)")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
