@@ -17,14 +17,22 @@ COST=${COST:-"1:1.0 2:1.5 3:2.0"}    # layers:relative step cost
 PREFIX=${PREFIX:-runs/depth}
 # Every run trains on the same records: a snapshot of the collection parts (symlinks) taken at the first start, so a
 # collection running meanwhile (or a resumed run re-reading its folders) changes neither the data nor its order.
+# The study of session 13 read smollm2-v2 up to part 223 (29,220 training sequences, 6,289,362 response tokens):
+# MAX_PART pins that, so the same study can be rerun on another machine; MAX_PART= takes every part present.
 SNAP=${SNAP:-$PREFIX-data}
+MAX_PART=${MAX_PART-smollm2-v2:223}
 if [ ! -d "$SNAP" ]; then
   for f in ${DATA//,/ }; do
     for src in "$f" "$f"/shard-*; do
       [ -d "$src" ] || continue
       dst="$SNAP/$(basename "$f")${src#"$f"}"
       mkdir -p "$dst"
-      for p in "$src"/part-*; do [ -e "$p" ] && ln -s "$(realpath "$p")" "$dst/"; done
+      for p in "$src"/part-*; do
+        [ -e "$p" ] || continue
+        n=$(basename "$p"); n=${n#part-}; n=$((10#${n%%.*}))
+        [ -n "$MAX_PART" ] && [ "$(basename "$f")" = "${MAX_PART%%:*}" ] && [ "$n" -gt "${MAX_PART#*:}" ] && continue
+        ln -s "$(realpath "$p")" "$dst/"
+      done
     done
   done
 fi
