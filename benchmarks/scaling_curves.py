@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> None:
                         "tokens_per_forward_lookup": tpf.get("lookup")})
         tail = [p for p in pts if p["step"] > 0][-4:]
         s = slope_per_doubling([p["training_tokens"] for p in tail], [p["tau"] for p in tail])
+        bps = sorted(r["blocks_per_s"])
         res["runs"].append({k: r[k] for k in ("run", "layers", "train_sequences", "train_response_tokens")}
+                           | {"blocks_per_s_median": bps[len(bps) // 2] if bps else None,
+                              "last_step": max((row["step"] for row in r["evals"]), default=0)}
                            | {"points": pts, "tau_slope_per_doubling_last4": s,
                               "tau_after_10x_more_extrapolated": (tail[-1]["tau"] + s * math.log2(10)) if s and tail else None})
     (out / "scaling.json").write_text(json.dumps(res, indent=1))
@@ -94,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"| {r['layers']} | {p['step']} | {p['training_tokens'] / 1e3:.0f} k | "
                          f"{p['compute_1layer_steps']:.0f} | {p['tau']:.3f} | {p['first_position']:.3f} | "
                          + (f"{merged:.3f}" if merged else "–") + " |")
+    lines += ["", "Training throughput (median of the logged rows, on a machine shared by the runs and other work; the "
+              "first run computed the target features, the others read them from the cache): " + ", ".join(
+                  f"{r['layers']} layer(s) {r['blocks_per_s_median']:.0f} anchor-blocks/s" for r in res["runs"]
+                  if r["blocks_per_s_median"]) + "."]
     lines += ["", "Slope of τ per doubling of training tokens over each run's last four points, and what it gives "
               "if it held for 10x more (an extrapolation):", ""]
     for r in res["runs"]:
