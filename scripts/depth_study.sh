@@ -10,6 +10,9 @@
 #   setsid nohup bash scripts/depth_study.sh > runs/depth-study.log 2>&1 &                # the 1-layer run
 #   ONLY="2 3" setsid nohup bash scripts/depth_study.sh >> runs/depth-study.log 2>&1 &    # later: 2 and 3 layers
 #   .venv/bin/python benchmarks/scaling_curves.py     # JSON + table + plot into benchmarks/results/scaling_cpu/
+# The whole script is one block, read before it runs: editing this file while a study waits cannot change what it
+# does next (bash reads a script as it goes; an edit during `wait` once launched a stray run).
+{
 cd "$(dirname "$0")/.."
 DATA=${DATA:-data/collect/smollm2-v1,data/collect/smollm2-v2,data/collect/smollm2-gpu1,data/collect/smollm2-gpu2,data/collect/smollm2-gpu3}
 STEPS1=${STEPS1:-1000}                 # the 1-layer schedule; the others get STEPS1 / relative step cost
@@ -56,3 +59,5 @@ for lc in $COST; do
   echo "layers $L: $steps steps, held-out τ every $every (pid $!)"
 done
 wait
+exit
+}
