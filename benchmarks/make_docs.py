@@ -23,7 +23,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_dflash.bench.report import render_acceptance, render_adaptive, render_time_split  # noqa: E402
+from vllm_dflash.bench.report import (idle_servers_worst, render_acceptance, render_adaptive,  # noqa: E402
+                                      render_time_split)
 
 RESULTS = REPO / "benchmarks" / "results"
 NOTES = REPO / "benchmarks" / "benchmark_notes.md"
@@ -271,17 +272,14 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
             f"- per-run details (TTFT, TPOT, every output difference): "
             f"[benchmarks/results/{stem}.md](../benchmarks/results/{stem}.md)"]
     if m.get("interleave"):
-        idle = [(r["idle_servers_cpu_s"], r["wall_s"]) for r in result["runs"]
-                if r.get("ok") and "idle_servers_cpu_s" in r and r["wall_s"]]
-        worst = max(idle, key=lambda x: x[0] / x[1]) if idle else None
+        worst = idle_servers_worst(result)
         out.append(f"- interleaved (`--interleave {m['interleave']}`): every server up at once; per prompt set and "
                    "concurrency the configurations ran back to back, the prompts split into rounds (each of at least "
                    "`concurrency` prompts; rounds per level: " + ", ".join(
                        f"c{c} {n}" for c, n in sorted({r["concurrency"]: r.get("rounds", 1) for r in result["runs"]
                                                         if r.get("ok")}.items()))
                    + ") in an order rotated per round; a run's wall time is the sum of its rounds"
-                   + (f"; idle servers used at most {100 * worst[0] / (worst[1] * m['machine']['cores']):.1f} % of "
-                      "the machine during a run" if worst else ""))
+                   + (f"; idle servers used at most {worst[2]:.1f} % of the machine during a run" if worst else ""))
     out += [""]
     out += ["Cells: output tok/s for `none`; for the others speedup over `none` at the same prompt set and "
             "concurrency · tokens per target forward, every request-step counted (vLLM's τ, per step that "

@@ -226,10 +226,10 @@ def test_throughput_of_a_run_in_rounds_counts_only_each_rounds_own_span():
     def req(t0, t1, n):
         return {"t_start": t0, "t_end": t1, "completion_tokens": n, "chunks": n}
     r1, r2 = [req(0.0, 2.0, 10), req(0.5, 1.5, 10)], [req(100.0, 101.0, 20)]
-    t = stats.throughput(r1 + r2, [r1, r2])
+    t = stats.throughput_of_rounds([r1, r2])
     assert t["wall_s"] == 3.0 and t["output_tokens"] == 40 and abs(t["output_tok_s"] - 40 / 3) < 1e-12
     assert stats.throughput(r1 + r2)["wall_s"] == 101.0  # without rounds: first start .. last end
-    assert stats.throughput(r1, [r1]) == stats.throughput(r1)
+    assert stats.throughput_of_rounds([r1]) == stats.throughput(r1)
 
 
 def test_counter_deltas_of_several_waves_add_up():

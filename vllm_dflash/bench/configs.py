@@ -96,6 +96,8 @@ def select(names: list[str], spec_extra: Sequence[str] = (), env_extra: Sequence
     import copy
     import json
 
+    from vllm_dflash.settings import SPEC_KEYS
+
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
         raise ValueError(f"bench: unknown configuration(s) {unknown}. Fix: use some of {list(REGISTRY)}")
@@ -119,8 +121,6 @@ def select(names: list[str], spec_extra: Sequence[str] = (), env_extra: Sequence
                 val = value
             # a key of vLLM's own SpeculativeConfig (e.g. prompt_lookup_min of n-gram) goes to vLLM as is; the
             # rest are our plugin's keys, checked against what the installed plugin strips (unavailable_reason)
-            from vllm_dflash.settings import SPEC_KEYS
-
             ours = key in SPEC_KEYS  # checked first: vLLM is imported only for a key that is not ours
             (chosen[name].spec if not ours and key in vllm_spec_keys() else chosen[name].spec_extra)[key] = val
     return [chosen[n] for n in names]

@@ -137,6 +137,17 @@ def _limit_inputs(rec: dict[str, Any] | None) -> str:
                "overstated" if hw.get("l3_bytes") and m["weight_bytes"] < hw["l3_bytes"] else ""))
 
 
+def idle_servers_worst(result: dict[str, Any]) -> tuple[float, float, float] | None:
+    """Interleaved runs: the run whose idle servers used the largest share of the machine, as (their CPU seconds,
+    the run's wall seconds, percent of the machine's cores); None when no run recorded it."""
+    idle = [(r["idle_servers_cpu_s"], r["wall_s"]) for r in result["runs"]
+            if r.get("ok") and "idle_servers_cpu_s" in r and r["wall_s"]]
+    if not idle:
+        return None
+    cpu, wall = max(idle, key=lambda x: x[0] / x[1])
+    return cpu, wall, 100 * cpu / (wall * (result["meta"]["machine"].get("cores") or 1))
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
@@ -160,12 +171,11 @@ def render_markdown(result: dict[str, Any]) -> str:
            + (f"LD_PRELOAD={lay['ld_preload']}" if lay.get("ld_preload") else "no LD_PRELOAD (vLLM warns that CPU "
               "speculative decoding is slower without Intel OpenMP preloaded)"),
            f"- layout: {lay['description']}"]
-    idle = [(r["idle_servers_cpu_s"], r["wall_s"]) for r in result["runs"] if r.get("ok") and "idle_servers_cpu_s" in r]
+    idle = idle_servers_worst(result)
     if idle:
-        cpu, wall = max(idle, key=lambda x: x[0] / x[1] if x[1] else 0.0)
-        cores = m["machine"].get("cores") or 1
+        cpu, wall, pct = idle
         out.append(f"  - idle servers during a run: at most {cpu:.1f} CPU-s over its {wall:.1f} s "
-                   f"({100 * cpu / (wall * cores) if wall else 0:.1f} % of the machine)")
+                   f"({pct:.1f} % of the machine)")
     for name, c in result["configs"].items():
         procs = [p for p in c.get("processes") or [] if "resource_tracker" not in p["cmd"]]
         if procs:  # the API server's command line is long: its pid stands for it

@@ -149,14 +149,30 @@ def resolve_draft(draft: str | None, target: Path, default_target: bool = True) 
     return path, not untrained
 
 
+def _group_stats(pgid: int):
+    """(pid, /proc/<pid>/stat fields after the command) of each live process of one process group (a server).
+    Fields from 0: state ppid pgrp ... utime (11) stime (12)."""
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        yield pid, fields
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of one process group (a server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(f[11]) + int(f[12])) / tick for _, f in _group_stats(pgid))
+
+
 def process_layout(pgid: int) -> list[dict[str, Any]]:
     """The processes of one server's process group: pid, command (as vLLM titles it), allowed CPUs, thread count."""
     procs = []
-    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+    for pid, _ in _group_stats(pgid):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
-                continue
             status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except (OSError, ValueError, IndexError):
@@ -215,7 +231,7 @@ def _measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
     idle0 = [group_cpu_s(o.proc.pid) for o in others]
     reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
     after = settled_metrics(server)
-    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others, idle0))
+    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others, idle0)) if others else None
     return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle}
 
 
@@ -225,14 +241,13 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
     reqs = [r for w in waves for r in w["reqs"]]
     run: dict[str, Any] = {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(reqs),
                            "ok": True, "rounds": len(waves)}
-    run.update(**stats.throughput(reqs, [w["reqs"] for w in waves]), **stats.request_latencies(reqs),
+    run.update(**stats.throughput_of_rounds([w["reqs"] for w in waves]), **stats.request_latencies(reqs),
                loadavg_1m=[waves[0]["load"][0], waves[-1]["load"][1]])
-    if len(waves) > 1 or any(w["idle_cpu_s"] for w in waves):
-        run["idle_servers_cpu_s"] = round(sum(w["idle_cpu_s"] for w in waves), 2)
+    if any(w["idle_cpu_s"] is not None for w in waves):  # other servers were up (interleaved mode)
+        run["idle_servers_cpu_s"] = round(sum(w["idle_cpu_s"] or 0.0 for w in waves), 2)
+    # counter deltas of the run, summed over its waves (one wave: after - before), compared with an empty `before`
     before: dict[str, float] = {}
-    after = stats.sum_deltas([(w["before"], w["after"]) for w in waves]) if len(waves) > 1 else waves[0]["after"]
-    if len(waves) == 1:
-        before = waves[0]["before"]
+    after = stats.sum_deltas([(w["before"], w["after"]) for w in waves])
     gen = "vllm:generation_tokens_total"  # the server's own count: a cross-check of the clients' usage records
     run["server_generation_tokens"] = after.get(gen, 0.0) - before.get(gen, 0.0)
     run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
@@ -254,27 +269,18 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
     return run
 
 
+def _failed(name: str, ps: str, c: int, n_prompts: int, e: Exception) -> dict[str, Any]:
+    """The record of a run that failed (logged; the rest of the benchmark goes on)."""
+    logger.error("bench: %s / %s / c%d failed: %s", name, ps, c, e)
+    return {"config": name, "prompt_set": ps, "concurrency": c, "num_prompts": n_prompts, "ok": False,
+            "error": f"{type(e).__name__}: {e}"[:300]}
+
+
 def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]], c: int, a: Any) -> dict[str, Any]:
     try:
         return _summarize(cfg, ps, c, [_measure(server, items, c, a)])
     except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest of the benchmark goes on
-        logger.error("bench: %s / %s / c%d failed: %s", cfg.name, ps, c, e)
-        return {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(items), "ok": False,
-                "error": f"{type(e).__name__}: {e}"[:300]}
-
-
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of one process group (a server)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(f[2]) == pgid:  # fields after the command: state ppid pgrp ... utime (11) stime (12)
-            total += (int(f[11]) + int(f[12])) / tick
-    return total
+        return _failed(cfg.name, ps, c, len(items), e)
 
 
 def _losslessness(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -422,21 +428,19 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                 n = interleave_rounds(len(its), c, a.interleave)
                 chunks = [its[r::n] for r in range(n)]
                 waves: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
-                errors: dict[str, str] = {}
+                failed: dict[str, dict[str, Any]] = {}
                 for r, chunk in enumerate(chunks):
                     for name in live[r % len(live):] + live[: r % len(live)]:
-                        if name in errors:
+                        if name in failed:
                             continue
                         others = [servers[o] for o in live if o != name]
                         time.sleep(0.5)  # the server that ran last settles (OpenMP threads stop spinning)
                         try:
                             waves[name].append(_measure(servers[name], chunk, c, a, others))
                         except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest go on
-                            logger.error("bench: %s / %s / c%d failed: %s", name, ps, c, e)
-                            errors[name] = f"{type(e).__name__}: {e}"[:300]
+                            failed[name] = _failed(name, ps, c, len(its), e)
                 for name in sorted(live, key=lambda x: x != "none"):  # none first: the others are explained against it
-                    run = ({"config": name, "prompt_set": ps, "concurrency": c, "num_prompts": len(its), "ok": False,
-                            "error": errors[name]} if name in errors else _summarize(cfgs[name], ps, c, waves[name]))
+                    run = failed.get(name) or _summarize(cfgs[name], ps, c, waves[name])
                     runs.append(_finish_run(run, servers[name], cfgs[name], its, baseline, tokenizer, t_start))
         return runs
     finally:

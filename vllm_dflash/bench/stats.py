@@ -46,14 +46,17 @@ def request_latencies(requests: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ttft_ms": summarize(ttft, 1000.0), "tpot_ms": summarize(tpot, 1000.0)}
 
 
-def throughput(requests: list[dict[str, Any]], rounds: list[list[dict[str, Any]]] | None = None) -> dict[str, float]:
+def throughput(requests: list[dict[str, Any]]) -> dict[str, float]:
     """Output tokens, wall time (first request sent .. last response done), output tokens/s, and completion tokens
-    per streamed text chunk (client.py: about tokens per target forward, for every configuration).
+    per streamed text chunk (client.py: about tokens per target forward, for every configuration)."""
+    return throughput_of_rounds([requests])
 
-    rounds: the same requests as the waves they were sent in (an interleaved benchmark sends a run's prompts in
-    several rounds, with other configurations in between): the wall time is the sum of each round's own span, so
-    the gaps between rounds do not count."""
-    rounds = [rd for rd in (rounds if rounds is not None else [requests]) if rd]
+
+def throughput_of_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """`throughput` of requests sent in several rounds (an interleaved benchmark sends a run's prompts in rounds, with
+    other configurations in between): the wall time is the sum of each round's own span, so the gaps between rounds
+    do not count."""
+    rounds = [rd for rd in rounds if rd]
     if not rounds:
         return {"output_tokens": 0, "wall_s": 0.0, "output_tok_s": 0.0}
     reqs = [r for rd in rounds for r in rd]
