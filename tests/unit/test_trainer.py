@@ -118,7 +118,7 @@ def test_init_from_target_and_no_feature_baseline(pair, data, tmp_path):
 
 
 def test_feature_cache_refuses_other_layers(pair, data, tmp_path):
-    from vllm_dflash.train.trainer import TargetFeatures
+    from vllm_dflash.train.features import TargetFeatures
 
     tgt, _, _ = data
     TargetFeatures(tgt, (0, 1), tmp_path / "f")

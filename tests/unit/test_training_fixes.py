@@ -12,7 +12,8 @@ from vllm_dflash.model import DFlashDraftModel
 from support.testing import load_target, tiny_trajectories
 from vllm_dflash.train.data import Sequence_, TrajectoryDataset, heldout_hash
 from vllm_dflash.train.run import KNOWN_MASK_TOKEN_IDS, default_mask_token_id, frequent_vocab
-from vllm_dflash.train.trainer import BlockDiffusionTrainer, TargetFeatures
+from vllm_dflash.train.features import TargetFeatures
+from vllm_dflash.train.trainer import BlockDiffusionTrainer
 
 
 @pytest.fixture(scope="module")
