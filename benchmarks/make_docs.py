@@ -231,8 +231,8 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
                          "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
              "bench_v8_c32": "Concurrency 32 again, 64 prompts per run in two interleaved rounds: none, n-gram, "
                              "adaptive, merged",
-             "spec_overhead_c32": "The cost of vLLM's speculative step itself at concurrency 32: n-gram with a "
-                                  "48-token match required (it almost never proposes) against no speculation",
+             "spec_overhead_c32": "vLLM's n-gram with a 48-token match required (it almost never proposes) against no "
+                                  "speculation at concurrency 32, taken with vLLM's CPU n-gram thread bug",
              "bench_v7": "Interleaved serving benchmark on a Xeon with AMX: none, n-gram, adaptive, merged, hinted "
                          "(32 prompts per run, all servers up, configurations back to back in rotated rounds)",
              "bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "

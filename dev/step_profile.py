@@ -45,18 +45,18 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--config", default=None, help="(internal) run one config in this process")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--spec-extra", default="{}", help="JSON merged into the speculative config")
     a = ap.parse_args()
     if a.config is None:  # one process per configuration (vLLM state does not reset between engines)
         import subprocess
         import sys
         for c in a.configs.split(","):
             subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
-                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens)]
+                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--spec-extra", a.spec_extra]
                            + (["--json", f"{a.json}.{c}.json"] if a.json else []), check=True)
         return
 
     from vllm import LLM, SamplingParams
-    from vllm.v1.engine.core import EngineCore
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker import gpu_model_runner as gmr
@@ -70,6 +70,8 @@ def main() -> None:
     draft, _ = resolve_draft_arg(None, target, default_target=True)
     cfg = REGISTRY[a.config]
     spec = cfg.speculative_config(str(draft), 7)
+    if spec is not None:
+        spec.update(json.loads(a.spec_extra))
     for k, v in (getattr(cfg, "env", None) or {}).items():
         os.environ[k] = v
     R = gmr.GPUModelRunner

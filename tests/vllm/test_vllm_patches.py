@@ -23,3 +23,78 @@ def test_seeded_sampling_with_chunked_prefill(pair):
     assert [len(t) for t in ok["tokens"]] == [8] * len(LONG_PROMPTS)
     with pytest.raises(AssertionError, match="does not use offset"):
         run_vllm([spec], env={"VLLM_PLUGINS": ""})
+
+
+# --------------------------------------------------------------------------- patches/cpu_omp_threads.py
+_TORCH_LIBGOMP = sorted((__import__("pathlib").Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+_NEEDS_TWO_CPUS = pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2 or not _TORCH_LIBGOMP,
+                                     reason="needs 2 CPUs and torch's libgomp (what vLLM's CPU platform preloads)")
+
+_NGRAM_PROBE = r"""
+import json, os, types
+import torch
+torch.set_num_threads(2)
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as vLLM's CPU worker binds its main thread
+from vllm.v1.spec_decode.ngram_proposer import NgramProposer  # imports numba now, as the worker does
+from vllm_dflash.integration.patches.cpu_omp_threads import omp_threads_kept
+ns = types.SimpleNamespace
+cfg = ns(speculative_config=ns(prompt_lookup_min=2, prompt_lookup_max=3, num_speculative_tokens=3),
+         model_config=ns(max_model_len=64), scheduler_config=ns(max_num_seqs=2), parallel_config=ns(tensor_parallel_size=1))
+import numpy as np
+out = {}
+prop = NgramProposer(cfg)  # JIT warm-up (its empty batch skips numba's set_num_threads)
+forward = lambda: torch.ones(256, 256) @ torch.ones(256, 256)  # torch runs between proposals, as the target does
+forward()
+toks = np.zeros((2, 64), dtype=np.int32); toks[:, :8] = [5, 6, 7, 5, 6, 7, 5, 6]
+torch._C.set_num_threads(2)
+forward()
+drafts = prop.propose(3, [[6], [6]], np.array([8, 8], dtype=np.int32), toks)
+out["after_propose"] = torch.get_num_threads()
+torch._C.set_num_threads(2)
+forward()
+with omp_threads_kept(2):
+    drafts = prop.propose(3, [[6], [6]], np.array([8, 8], dtype=np.int32), toks)
+out["kept"] = torch.get_num_threads()
+out["drafts"] = drafts
+print("PROBE " + json.dumps(out))
+"""
+
+
+@_NEEDS_TWO_CPUS
+def test_numba_ngram_drops_omp_threads():
+    """vLLM's n-gram drafter, in a process laid out like vLLM's CPU worker (torch's libgomp preloaded, the main
+    thread bound to one core before numba is imported): its numba call leaves torch on ONE OpenMP thread.
+    `omp_threads_kept` (patches/cpu_omp_threads.py) puts the count back and the drafts are unchanged. When the first
+    assertion fails, vLLM fixed it and the patch can go."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LD_PRELOAD": str(_TORCH_LIBGOMP[0])}
+    env.pop("NUMBA_NUM_THREADS", None)
+    proc = subprocess.run([sys.executable, "-c", _NGRAM_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("PROBE "))[len("PROBE "):])
+    assert out["after_propose"] == 1, f"vLLM's n-gram keeps torch's threads now: {out}"
+    assert out["kept"] == 2, out
+    assert out["drafts"] == [[7, 5, 6], [7, 5, 6]], out  # the lookup itself is untouched
+
+
+_THREADS_AFTER = ("def _threads(worker=None):\n    import torch\n    return torch.get_num_threads()\n"
+                  "probe['threads'] = llm.collective_rpc(_threads)")
+
+
+@_NEEDS_TWO_CPUS
+def test_ngram_engine_keeps_worker_threads(pair):
+    """A real multi-process engine (worker process bound to 2 cores, as `vllm serve` runs) with vLLM's n-gram
+    drafter: with the plugin the worker's torch still uses both threads after generating with proposals (without the
+    plugin it is down to one: test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
+    spec = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, [9, 10, 11] * 8], "max_tokens": 16,
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                                   "prompt_lookup_max": 3}, "after": _THREADS_AFTER}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probe is a function sent to the worker (test-only)
+    (ok,) = run_vllm([spec], env=env)
+    assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
+    assert ok["probe"]["threads"] == [2], ok["probe"]

@@ -60,8 +60,13 @@ class BenchConfig:
 
 REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
     BenchConfig("none", "no speculation"),
-    BenchConfig("ngram", "vLLM prompt lookup (n-gram)", method="ngram",
+    BenchConfig("ngram", "vLLM prompt lookup (n-gram); with vllm_dflash installed its worker keeps both OpenMP "
+                "threads (patches/cpu_omp_threads.py)", method="ngram",
                 spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}),
+    BenchConfig("ngram-bare", "vLLM prompt lookup (n-gram) as vLLM ships it: no plugin in its processes "
+                "(VLLM_PLUGINS=''), so on CPU its worker runs torch on one OpenMP thread after the first proposal",
+                method="ngram", spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"},
+                env={"VLLM_PLUGINS": ""}),
     BenchConfig("vllm-dflash", "vLLM's built-in dflash drafter, same draft checkpoint", method="dflash",
                 env={"DFLASH_DRAFTER": "vllm"}, uses_draft=True),
     BenchConfig("ours", "vllm_dflash drafter, fixed block size (adaptive: false), overlap scheduling",

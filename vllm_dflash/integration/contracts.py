@@ -318,6 +318,19 @@ CONTRACTS: tuple[Contract, ...] = (
         attrs=("input_batch", "discard_request_mask", "device"), patch="generator_rewind",
         test="tests/vllm/test_vllm_patches.py::test_seeded_sampling_with_chunked_prefill"),
     Contract(
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner", "class", "integration/patches/cpu_omp_threads.py",
+        "`__init__` and `propose_draft_token_ids` wrapped: torch's intra-op thread count is put back to the count "
+        "the worker bound when the drafter changed it",
+        "the CPU worker binds its OpenMP threads (CPUWorker.init_device) before it builds this runner, whose "
+        "`__init__` builds the drafter (vLLM's NgramProposer JIT-compiles numba then); the drafter runs inside "
+        "`propose_draft_token_ids`",
+        methods=(Sig("__init__", ("vllm_config", "device")),
+                 Sig("propose_draft_token_ids", ("scheduler_output", "sampled_token_ids", "sampling_metadata",
+                                                 "hidden_states", "sample_hidden_states", "aux_hidden_states",
+                                                 "spec_decode_metadata", "common_attn_metadata", "slot_mappings"))),
+        patch="cpu_omp_threads",
+        test="tests/vllm/test_vllm_patches.py::test_numba_ngram_drops_omp_threads"),
+    Contract(
         "vllm.utils.cpu_triton_utils:_expand_kernel_impl", "function", "integration/patches/cpu_expand_kernel.py, "
         "integration/cpu_sampling.py",
         "replaced with `cpu_sampling.expand_kernel_impl`",
