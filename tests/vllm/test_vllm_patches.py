@@ -98,3 +98,30 @@ def test_ngram_engine_keeps_worker_threads(pair):
     (ok,) = run_vllm([spec], env=env)
     assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
     assert ok["probe"]["threads"] == [2], ok["probe"]
+
+
+# --------------------------------------------------------------------------- patches/cpu_plain_sample.py
+_PLAIN_SAMPLES = ("r = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner\n"
+                  "probe['plain_samples'] = getattr(r, '_vllm_dflash_plain_samples', 0)")
+
+
+def test_steps_without_drafts_sample_plainly(pair):
+    """Speculative engines whose steps verify no draft take the runner's plain sampling branch, and their outputs
+    are those without speculation: seeded sampling with an n-gram drafter that never proposes (a 40-token match is
+    required) equals no speculation token for token, and greedy n-gram (proposing in some steps, not in others)
+    equals greedy without speculation."""
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8, LONG_PROMPTS[0][:40]]
+    base = {"model": str(pair / "target"), "prompts": prompts, "max_tokens": 24, "after": _PLAIN_SAMPLES}
+    sampled = {**base, "sampling": {"temperature": 1.0}, "per_prompt_seed": 11}
+    never = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 40, "prompt_lookup_max": 40}
+    some = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    # one process per pair, n-gram last: once numba is imported, vLLM's CPU kernel-override scan fails for any later
+    # engine in the process (docs/CONTRACTS.md, register_triton_kernel_overrides)
+    none_s, never_s = run_vllm([sampled, {**sampled, "speculative_config": never}])
+    none_g, some_g = run_vllm([base, {**base, "speculative_config": some}])
+    assert never_s["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) == 0
+    assert never_s["probe"]["plain_samples"] >= 24, never_s["probe"]  # every decode step
+    assert never_s["tokens"] == none_s["tokens"]
+    assert some_g["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0  # it did verify drafts
+    assert some_g["probe"]["plain_samples"] > 0, some_g["probe"]  # ...and had steps without any
+    assert some_g["tokens"] == none_g["tokens"]

@@ -331,6 +331,16 @@ CONTRACTS: tuple[Contract, ...] = (
         patch="cpu_omp_threads",
         test="tests/vllm/test_vllm_patches.py::test_numba_ngram_drops_omp_threads"),
     Contract(
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner._sample", "method", "integration/patches/cpu_plain_sample.py",
+        "wrapped: a batch whose `spec_decode_metadata.max_spec_len` is 0 is sampled as `_sample(logits, None)`",
+        "`_sample(logits, None)` is the runner's non-speculative branch (the plain sampler on `logits`); with no "
+        "drafts the speculative `logits_indices` are the last query token of each request, the rows that branch "
+        "expects, and the rejection sampler's output would be the same [num_reqs, 1] tokens",
+        params=("logits", "spec_decode_metadata"), exact=True,
+        source=("if spec_decode_metadata is None:", "return self.sampler("),
+        patch="cpu_plain_sample",
+        test="tests/vllm/test_vllm_patches.py::test_steps_without_drafts_sample_plainly"),
+    Contract(
         "vllm.utils.cpu_triton_utils:_expand_kernel_impl", "function", "integration/patches/cpu_expand_kernel.py, "
         "integration/cpu_sampling.py",
         "replaced with `cpu_sampling.expand_kernel_impl`",
