@@ -52,6 +52,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v3": {"machine": "xeon-bf16"},
     "bench_v6": {"machine": "xeon-bf16"},
     "bench_v7": {"machine": "xeon-bf16"},
+    "bench_v9": {"machine": "xeon-bf16"},
     "bench_v8": {"machine": "xeon-bf16"},
     "bench_v8_c32": {"machine": "xeon-bf16"},
     "spec_overhead_c32": {"machine": "xeon-bf16"},
@@ -74,7 +75,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -227,7 +228,9 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v8": "Interleaved serving benchmark, repeat of bench_v7 with the fixed block: none, n-gram, "
+    title = {"bench_v9": "Concurrency 8 and 32 with vLLM's n-gram fixed and as vLLM ships it: none, n-gram, "
+                         "n-gram without the plugin, adaptive, merged (50 prompts, interleaved)",
+             "bench_v8": "Interleaved serving benchmark, repeat of bench_v7 with the fixed block: none, n-gram, "
                          "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
              "bench_v8_c32": "Concurrency 32 again, 64 prompts per run in two interleaved rounds: none, n-gram, "
                              "adaptive, merged",
