@@ -30,6 +30,20 @@ def test_prompt_lookup_matches_a_loop():
         assert prompt_lookup(h, 5, lo, hi).tolist() == _lookup_loop(h, 5, lo, hi), (h.tolist(), lo, hi)
 
 
+def test_prompt_lookup_ignores_matches_across_token_boundaries():
+    """The lookup searches the ids' bytes: ids whose bytes overlap shifted (0, 1, 256, 65536, 2**40, ...) must not
+    produce a match that straddles two ids, and int32 histories work like int64 ones."""
+    rng = np.random.default_rng(1)
+    alphabet = np.array([0, 1, 256, 257, 65536, 1 << 40, (1 << 40) + 256, 49151], dtype=np.int64)
+    for _ in range(500):
+        h = alphabet[rng.integers(0, int(rng.integers(2, len(alphabet) + 1)), size=int(rng.integers(1, 80)))]
+        lo = int(rng.integers(1, 4))
+        hi = lo + int(rng.integers(0, 4))
+        assert prompt_lookup(h, 5, lo, hi).tolist() == _lookup_loop(h, 5, lo, hi), (h.tolist(), lo, hi)
+    h32 = np.array([7, 256, 9, 7, 256], dtype=np.int32)
+    assert prompt_lookup(h32, 3).tolist() == [9, 7, 256]
+
+
 def test_prompt_lookup_copies_the_prompt():
     prompt = np.array([5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 6, 7])
     assert prompt_lookup(prompt, 4).tolist() == [8, 9, 10, 11]

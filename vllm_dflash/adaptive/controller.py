@@ -103,6 +103,9 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
     return np.concatenate([head, block[len(head): k]])
 
 
+_EMPTY = np.zeros(0)
+
+
 class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
                  clock=time.perf_counter):
@@ -179,8 +182,9 @@ class AdaptiveController:
         -> (sources, lengths, forecast)."""
         B = len(req_ids)
         plans = []
+        memo: dict = {}  # (request, source, length) -> P: the two passes share most candidates
         for block in (True, False) if self.mode != "ngram" else (False,):
-            chosen = [self._choose(rid, len(t), block) for rid, t in zip(req_ids, lookups)]
+            chosen = [self._choose(rid, len(t), block, memo) for rid, t in zip(req_ids, lookups)]
             gains = [p for _, p in chosen]
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
             sources = [src for src, _ in chosen]
@@ -292,15 +296,22 @@ class AdaptiveController:
             return [("merged", k)]
         return [("dflash", k)] + ([("ngram", m)] if m else []) + ([("merged", k)] if 0 < m < k else [])
 
-    def _choose(self, rid: str, m: int, block: bool = True) -> tuple[str, np.ndarray]:
+    def _choose(self, rid: str, m: int, block: bool = True, memo: dict | None = None) -> tuple[str, np.ndarray]:
         """The source with the larger expected accepted length Σ P(i) for this request (it depends only on the
-        proposal's length, so the choice precedes the draft forward).
+        proposal's length, so the choice precedes the draft forward). memo: (rid, source, length) -> (P, Σ P),
+        shared by the calls of one plan (the acceptance model does not change within it).
         -> (source or 'none', P(i) = probability drafts 1..i are all accepted, over its proposal)."""
-        best = ("none", np.zeros(0))
+        best, best_sum = ("none", _EMPTY), 0.0
         for src, n in self._candidates(m, block):
-            p = cumulative_acceptance(self.acceptance.rates(rid, src), n)
-            if p.sum() > best[1].sum():
-                best = (src, p)
+            key = (rid, src, n)
+            hit = memo.get(key) if memo is not None else None
+            if hit is None:
+                p = cumulative_acceptance(self.acceptance.rates(rid, src), n)
+                hit = (p, float(p.sum()))
+                if memo is not None:
+                    memo[key] = hit
+            if hit[1] > best_sum:
+                best, best_sum = (src, hit[0]), hit[1]
         return best
 
     def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:

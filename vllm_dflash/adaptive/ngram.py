@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Prompt lookup (n-gram) proposals: the continuation of the latest earlier occurrence of the history's suffix.
 
-Pure numpy, one request at a time; the cost is O(len(history) * max_n) comparisons, well under a millisecond for
-the few-thousand-token histories served here."""
+One request at a time, a C-speed byte search per n-gram size: a few microseconds for the few-thousand-token
+histories served here."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,28 +14,22 @@ def prompt_lookup(history: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -
     For n = max_n .. min_n: find the most recent earlier position where history[-n:] occurred (the occurrence must
     end before the last token) and return up to k tokens that followed it. Longest n wins. -> [<= k] (may be empty).
 
-    One vectorised pass finds the positions c < L-1 holding the newest token; the match is then extended backwards
-    over those candidates only (at most max_n - 1 more comparisons each)."""
+    The search is `bytes.rfind` over the ids as int64 bytes (C speed; a hit not on an 8-byte boundary is a false
+    match across two ids and the search goes on before it): the planner runs it for every request of every step."""
     L = int(history.shape[0])
     if k <= 0 or L < min_n + 1:
         return history[:0]
-    cand = np.flatnonzero(history[: L - 1] == history[L - 1])  # occurrences ending at c, c <= L-2
-    if cand.size == 0:
-        return history[:0]
-    n_max = min(max_n, L - 1)
-    m = np.ones(cand.size, dtype=np.int64)  # matched length so far (the newest token)
-    alive = np.ones(cand.size, dtype=bool)
-    for j in range(1, n_max):
-        pos = cand - j
-        ok = alive & (pos >= 0)
-        ok[ok] = history[pos[ok]] == history[L - 1 - j]
-        m += ok
-        alive = ok
-    best = int(m.max())
-    if best < min_n:
-        return history[:0]
-    c = int(cand[np.flatnonzero(m >= best)[-1]])  # the latest occurrence of the longest match
-    return history[c + 1: c + 1 + k]
+    buf = np.ascontiguousarray(history, dtype=np.int64).tobytes()
+    W = 8
+    for n in range(min(max_n, L - 1), max(min_n, 1) - 1, -1):
+        pat = buf[(L - n) * W:]
+        end = (L - 1) * W  # the occurrence must end before the last token
+        while (b := buf.rfind(pat, 0, end)) >= 0:
+            if b % W == 0:
+                c = b // W + n - 1  # the occurrence ends at c
+                return history[c + 1: c + 1 + k]
+            end = b + len(pat) - 1  # only matches starting before b
+    return history[:0]
 
 
 def anchor_hints(tokens: np.ndarray, anchors: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -> np.ndarray:
