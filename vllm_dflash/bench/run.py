@@ -16,6 +16,7 @@ from typing import Any
 
 from vllm_dflash import settings
 from vllm_dflash.bench import limit, stats
+from vllm_dflash.bench.procs import group_cpu_s, process_layout
 from vllm_dflash.serve import tau
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
@@ -147,39 +148,6 @@ def resolve_draft(draft: str | None, target: Path, default_target: bool = True) 
     if untrained:
         logger.warning("benchmarking an UNTRAINED draft (%s): expect τ ≈ 1", path)
     return path, not untrained
-
-
-def _group_stats(pgid: int):
-    """(pid, /proc/<pid>/stat fields after the command) of each live process of one process group (a server).
-    Fields from 0: state ppid pgrp ... utime (11) stime (12)."""
-    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-        yield pid, fields
-
-
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of one process group (a server)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum((int(f[11]) + int(f[12])) / tick for _, f in _group_stats(pgid))
-
-
-def process_layout(pgid: int) -> list[dict[str, Any]]:
-    """The processes of one server's process group: pid, command (as vLLM titles it), allowed CPUs, thread count."""
-    procs = []
-    for pid, _ in _group_stats(pgid):
-        try:
-            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-        procs.append({"pid": pid, "cmd": cmd[:100], "cpus_allowed": status.get("Cpus_allowed_list", "?").strip(),
-                      "threads": int(status.get("Threads", "0").strip() or 0)})
-    return procs
 
 
 def omp_binding(log: str) -> list[str]:

@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A benchmark server's processes, read from /proc: the members of its process group (one `vllm serve` with its
+engine core and workers), their CPU time and their layout (allowed CPUs, threads). Linux only."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _group_stats(pgid: int):
+    """(pid, /proc/<pid>/stat fields after the command) of each live process of one process group (a server).
+    Fields from 0: state ppid pgrp ... utime (11) stime (12)."""
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        yield pid, fields
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of one process group (a server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(f[11]) + int(f[12])) / tick for _, f in _group_stats(pgid))
+
+
+def process_layout(pgid: int) -> list[dict[str, Any]]:
+    """The processes of one server's process group: pid, command (as vLLM titles it), allowed CPUs, thread count."""
+    procs = []
+    for pid, _ in _group_stats(pgid):
+        try:
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        procs.append({"pid": pid, "cmd": cmd[:100], "cpus_allowed": status.get("Cpus_allowed_list", "?").strip(),
+                      "threads": int(status.get("Threads", "0").strip() or 0)})
+    return procs
