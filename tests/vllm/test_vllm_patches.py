@@ -3,6 +3,12 @@
 
 Each pairs "works with the plugin" with "the upstream bug is still there without it": when the second half
 starts failing, vLLM fixed the bug and the ledger's removal condition is met."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,8 +32,8 @@ def test_seeded_sampling_with_chunked_prefill(pair):
 
 
 # --------------------------------------------------------------------------- patches/cpu_omp_threads.py
-_TORCH_LIBGOMP = sorted((__import__("pathlib").Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
-_NEEDS_TWO_CPUS = pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2 or not _TORCH_LIBGOMP,
+_TORCH_LIBGOMP = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+_NEEDS_TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not _TORCH_LIBGOMP,
                                      reason="needs 2 CPUs and torch's libgomp (what vLLM's CPU platform preloads)")
 
 _NGRAM_PROBE = r"""
@@ -66,11 +72,6 @@ def test_numba_ngram_drops_omp_threads():
     thread bound to one core before numba is imported): its numba call leaves torch on ONE OpenMP thread.
     `omp_threads_kept` (patches/cpu_omp_threads.py) puts the count back and the drafts are unchanged. When the first
     assertion fails, vLLM fixed it and the patch can go."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "LD_PRELOAD": str(_TORCH_LIBGOMP[0])}
     env.pop("NUMBA_NUM_THREADS", None)
     proc = subprocess.run([sys.executable, "-c", _NGRAM_PROBE], env=env, capture_output=True, text=True, timeout=300)

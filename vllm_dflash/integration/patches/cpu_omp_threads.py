@@ -53,7 +53,7 @@ def apply() -> None:
 
     @functools.wraps(propose)
     def propose_draft_token_ids(self, *args, **kwargs):
-        with omp_threads_kept(getattr(self, "_vllm_dflash_omp_threads", torch.get_num_threads())):
+        with omp_threads_kept(self._vllm_dflash_omp_threads):  # set by __init__ above
             return propose(self, *args, **kwargs)
 
     __init__._vllm_dflash_patched = True
