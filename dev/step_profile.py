@@ -45,14 +45,16 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--config", default=None, help="(internal) run one config in this process")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--spec-extra", default="{}", help="JSON merged into the speculative config")
+    ap.add_argument("--spec-extra", action="append", default=[], metavar="CONFIG:KEY=VALUE",
+                    help="a speculative-config override, as `vllm-dflash bench --spec-extra` takes it (repeatable)")
     a = ap.parse_args()
     if a.config is None:  # one process per configuration (vLLM state does not reset between engines)
         import subprocess
         import sys
         for c in a.configs.split(","):
             subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
-                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--spec-extra", a.spec_extra]
+                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens)]
+                           + [f"--spec-extra={x}" for x in a.spec_extra if x.startswith(c + ":")]
                            + (["--json", f"{a.json}.{c}.json"] if a.json else []), check=True)
         return
 
@@ -61,17 +63,15 @@ def main() -> None:
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker import gpu_model_runner as gmr
 
-    from vllm_dflash.bench.configs import REGISTRY
+    from vllm_dflash.bench.configs import select
     from vllm_dflash.bench.run import load_prompt_set
     from vllm_dflash.drafts import resolve_draft_arg
     from vllm_dflash.target import resolve_target
 
     target = resolve_target(None)
     draft, _ = resolve_draft_arg(None, target, default_target=True)
-    cfg = REGISTRY[a.config]
+    cfg = select(["none", a.config], a.spec_extra)[-1]  # the bench's parser ("none" is its required baseline)
     spec = cfg.speculative_config(str(draft), 7)
-    if spec is not None:
-        spec.update(json.loads(a.spec_extra))
     for k, v in (getattr(cfg, "env", None) or {}).items():
         os.environ[k] = v
     R = gmr.GPUModelRunner
