@@ -103,14 +103,17 @@ def test_ngram_engine_keeps_worker_threads(pair):
 
 # --------------------------------------------------------------------------- patches/cpu_plain_sample.py
 _PLAIN_SAMPLES = ("r = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner\n"
-                  "probe['plain_samples'] = getattr(r, '_vllm_dflash_plain_samples', 0)")
+                  "probe['plain_samples'] = getattr(r, '_vllm_dflash_plain_samples', 0)\n"
+                  "probe['greedy_verify'] = getattr(getattr(r, 'rejection_sampler', None), "
+                  "'_vllm_dflash_greedy_steps', 0)")
 
 
 def test_steps_without_drafts_sample_plainly(pair):
     """Speculative engines whose steps verify no draft take the runner's plain sampling branch, and their outputs
     are those without speculation: seeded sampling with an n-gram drafter that never proposes (a 40-token match is
     required) equals no speculation token for token, and greedy n-gram (proposing in some steps, not in others)
-    equals greedy without speculation."""
+    equals greedy without speculation. The greedy steps that verify drafts go through the one-pass greedy
+    verification (patches/cpu_greedy_verify.py); the sampled ones never do."""
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8, LONG_PROMPTS[0][:40]]
     base = {"model": str(pair / "target"), "prompts": prompts, "max_tokens": 24, "after": _PLAIN_SAMPLES}
     sampled = {**base, "sampling": {"temperature": 1.0}, "per_prompt_seed": 11}
@@ -125,4 +128,6 @@ def test_steps_without_drafts_sample_plainly(pair):
     assert never_s["tokens"] == none_s["tokens"]
     assert some_g["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0  # it did verify drafts
     assert some_g["probe"]["plain_samples"] > 0, some_g["probe"]  # ...and had steps without any
+    assert some_g["probe"]["greedy_verify"] > 0, some_g["probe"]  # its steps with drafts: one argmax pass
+    assert never_s["probe"]["greedy_verify"] == 0, never_s["probe"]
     assert some_g["tokens"] == none_g["tokens"]

@@ -341,6 +341,57 @@ CONTRACTS: tuple[Contract, ...] = (
         patch="cpu_plain_sample",
         test="tests/vllm/test_vllm_patches.py::test_steps_without_drafts_sample_plainly"),
     Contract(
+        "vllm.v1.sample.rejection_sampler:RejectionSampler.forward", "method",
+        "integration/patches/cpu_greedy_verify.py, integration/greedy_verify.py",
+        "wrapped: on CPU an eligible all-greedy batch returns `SamplerOutput(greedy_verify(metadata, logits), None)`",
+        "for an all-greedy batch without logprobs, penalties, bad words, allowed-token masks, active "
+        "argmax-changing logits processors (builtins `MinTokensLogitsProcessor.min_toks`, "
+        "`LogitBiasLogitsProcessor.biases`) or thinking budget, its output is the greedy kernel over the argmax of "
+        "`logits[target_logits_indices]` plus the sampler's greedy argmax of `logits[bonus_logits_indices]`: "
+        "[B, max_spec_len + 1] int32, `PLACEHOLDER_TOKEN_ID` (-1) after each request's tokens",
+        params=("metadata", "draft_probs", "logits", "sampling_metadata"), exact=True,
+        attrs=("synthetic_mode",),
+        source=("bonus_logits = logits[bonus_logits_indices]", "raw_target_logits = logits[target_logits_indices]",
+                "output_token_ids = rejection_sample("),
+        patch="cpu_greedy_verify",
+        test="tests/vllm/test_greedy_verify.py"),
+    Contract(
+        "vllm.v1.sample.rejection_sampler:rejection_sample", "function", "integration/greedy_verify.py",
+        "reimplemented for eligible batches (`greedy_accept`)",
+        "all greedy: the greedy kernel over `target_logits.argmax(dim=-1)` and returns; the kernel writes the "
+        "target's token at each draft position up to and including the first mismatch, the bonus after an "
+        "all-accepted request, and leaves `PLACEHOLDER_TOKEN_ID` (-1, module constant) elsewhere",
+        source=("if sampling_metadata.all_greedy:", "target_argmax = target_logits.argmax(dim=-1)",
+                "PLACEHOLDER_TOKEN_ID,"),
+        test="tests/vllm/test_greedy_verify.py"),
+    Contract(
+        "vllm.v1.sample.sampler:Sampler.greedy_sample", "method", "integration/greedy_verify.py",
+        "mirrored: `row_argmax` takes every row's argmax with the same CPU op",
+        "on CPU the greedy sampler (the bonus token of a speculative step, every token without speculation) is "
+        "`torch.ops._C.greedy_argmax` over float32 logits; like torch's argmax it returns the first index of a tie",
+        params=("logits",), source=("torch.ops._C.greedy_argmax(logits)",),
+        test="tests/vllm/test_greedy_verify.py"),
+    Contract(
+        "vllm.v1.sample.rejection_sampler", "module", "integration/greedy_verify.py",
+        "`PLACEHOLDER_TOKEN_ID` mirrored as a constant", "the placeholder of rejected positions is -1",
+        attrs=("PLACEHOLDER_TOKEN_ID",), source=("PLACEHOLDER_TOKEN_ID: tl.constexpr = -1",),
+        test="tests/vllm/test_greedy_verify.py"),
+    Contract(
+        "vllm.v1.sample.metadata:SamplingMetadata", "class", "integration/greedy_verify.py",
+        "read: which batches the one-pass greedy verification may take",
+        "these fields describe everything the rejection sampler's greedy path applies to the logits",
+        attrs=("all_greedy", "max_num_logprobs", "logprob_token_ids", "no_penalties", "allowed_token_ids_mask",
+               "bad_words_token_ids", "logitsprocs", "thinking_budget_state_holder"),
+        test="tests/vllm/test_greedy_verify.py"),
+    Contract(
+        "vllm.v1.spec_decode.metadata:SpecDecodeMetadata", "class", "integration/greedy_verify.py",
+        "read: draft tokens, drafts per request, the target and bonus logits rows",
+        "`target_logits_indices` [N] and `bonus_logits_indices` [B] index the logits rows, request-major; "
+        "`draft_token_ids` [N]; `num_draft_tokens` list of B ints; `max_spec_len`",
+        attrs=("draft_token_ids", "num_draft_tokens", "target_logits_indices", "bonus_logits_indices",
+               "max_spec_len"),
+        test="tests/vllm/test_greedy_verify.py"),
+    Contract(
         "vllm.utils.cpu_triton_utils:_expand_kernel_impl", "function", "integration/patches/cpu_expand_kernel.py, "
         "integration/cpu_sampling.py",
         "replaced with `cpu_sampling.expand_kernel_impl`",
