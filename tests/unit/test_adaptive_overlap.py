@@ -63,16 +63,20 @@ def test_overlap_picks_the_source_and_pads_to_k():
 
 
 def test_overlap_merges_short_lookups_with_the_block():
-    """'both' and 'merged': a lookup shorter than k is completed by the DFlash block (slots m..k-1), and the merged
-    source is scored on its own when the scheduler reports the outcome."""
+    """'both' and 'merged': a lookup shorter than k is completed by the DFlash block (slots m..k-1); when the
+    scheduler reports the outcome its lookup slots are scored as prompt lookup and its block slot as 'merged'."""
     short = np.array([1, 2, 3, 1, 2], dtype=np.int64)  # [1, 2] -> [3, 1, 2]
     block = np.array([[40, 41, 42, 43]])
     for mode in ("both", "merged"):
         c = AdaptiveController(k_max=4, mode=mode)
         assert _overlap(c, ["a"], [short], block, [(0, 0)]).tolist() == [[3, 1, 2, 43]], mode
         assert c._pending["a"].source == "merged"
-        _overlap(c, ["a"], [short], block, [(4, 3)])
-        assert c.acceptance.req["a"].keys() == {"merged"}
+        _overlap(c, ["a"], [short], block, [(4, 3)])  # the 3 lookup tokens accepted, the block's 43 not
+        assert c.acceptance.req["a"].keys() == {"ngram", "merged"}
+        acc, att = c.acceptance.req["a"]["ngram"]
+        assert acc.tolist() == [1, 1, 1, 0] and att.tolist() == [1, 1, 1, 0]
+        acc, att = c.acceptance.req["a"]["merged"]
+        assert acc.tolist() == [0, 0, 0, 0] and att.tolist() == [0, 0, 0, 1]
 
 
 def test_overlap_draft_forward_follows_this_steps_lookup():

@@ -236,10 +236,11 @@ def test_merge_puts_lookup_tokens_first():
     assert merge(np.array([7, 8]), None, 4).tolist() == [7, 8]  # not drafted: the lookup alone
 
 
-def test_controller_merges_short_lookups_and_tracks_merged_on_its_own():
-    """'both': a request whose lookup is shorter than k gets lookup + block tail (the merged source, prior 0.7 over
-    k tokens beats the bare lookup); one with a full lookup gets the lookup; one without a match the block. The
-    merged proposal's outcome updates the merged acceptance only."""
+def test_controller_merges_short_lookups_and_scores_each_part_as_its_source():
+    """'both': a request whose lookup is shorter than k gets lookup + block tail (the merged source: the lookup's
+    rates in its lookup slots, then the block-after-lookup rates, so it beats the bare lookup whenever the tail can
+    be accepted); one with a full lookup gets the lookup; one without a match the block. A merged proposal's outcome
+    scores its lookup slots as prompt lookup and its block slots as 'merged', and only slots the target reached."""
     counts = _Counts()
     c = AdaptiveController(4, mode="both", metrics=counts, clock=_Clock())
     c.cost.alpha, c.cost.beta = 0.03, 0.0  # verification is free: every request drafts its whole proposal
@@ -251,13 +252,39 @@ def test_controller_merges_short_lookups_and_tracks_merged_on_its_own():
     assert plan.sources == ["merged", "ngram", "dflash"] and plan.needs_block
     assert c.propose(plan, block) == [[3, 1, 2, 43], [7, 8, 9, 10], [60, 61, 62, 63]]
     att = {s: c.acceptance.att[s].copy() for s in ("dflash", "ngram", "merged")}
-    # the target accepted 3, 1 (then its own token 5): 2 of the merged proposal
+    # the target accepted 3, 1 (then its own token 5): 2 of the merged proposal, both lookup slots
     _step(c, ["s"], [np.concatenate([short, [3, 1, 5]])], block[:1])
     assert counts["accepted_tokens_merged"] == 2 and counts["proposals_merged"] == 1
     assert counts["drafted_tokens_merged"] == 4 and counts["request_steps"] == 4
-    assert not np.array_equal(c.acceptance.att["merged"], att["merged"])
+    seen = c.acceptance.att["ngram"] - att["ngram"] * c.acceptance.decay  # slots whose outcome prompt lookup saw
+    assert np.allclose(seen, [1, 1, 1, 0]), seen  # slots 1-2 accepted, slot 3 rejected; slot 4 never reached
+    assert np.array_equal(c.acceptance.att["merged"], att["merged"])  # the block slot was never reached
     assert np.array_equal(c.acceptance.att["dflash"], att["dflash"])
-    assert np.array_equal(c.acceptance.att["ngram"], att["ngram"])
+
+    # the whole lookup accepted and the block's slot 4 too: lookup slots 1-3 to ngram, slot 4 to merged
+    c2 = AdaptiveController(4, mode="both", clock=_Clock())
+    c2.cost.alpha, c2.cost.beta = 0.03, 0.0
+    plan = c2.plan(["s"], [short], query_tokens=1, decode_only=True)
+    assert plan.sources == ["merged"]
+    c2.propose(plan, block[:1])
+    att = {s: (c2.acceptance.acc[s].copy(), c2.acceptance.att[s].copy()) for s in ("ngram", "merged")}
+    _step(c2, ["s"], [np.concatenate([short, [3, 1, 2, 43, 9]])], block[:1])
+    d = c2.acceptance.decay
+    assert np.allclose(c2.acceptance.acc["ngram"] - att["ngram"][0] * d, [1, 1, 1, 0])
+    assert np.allclose(c2.acceptance.att["merged"] - att["merged"][1] * d, [0, 0, 0, 1])
+    assert np.allclose(c2.acceptance.acc["merged"] - att["merged"][0] * d, [0, 0, 0, 1])
+
+
+def test_merged_proposal_is_valued_by_the_lookup_rates_in_its_lookup_slots():
+    """A request whose lookups keep being accepted and whose block tails keep being rejected: the merged candidate
+    is worth its lookup part (never less than the bare lookup) and the planner stops paying for the tail."""
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    for _ in range(200):
+        c.acceptance.observe("r", "ngram", 2, 2)
+        c.acceptance.observe("r", "merged", 4, 2, start=2)  # every tail slot rejected
+    p_merged = np.cumprod(c._rates("r", "merged", 2))[:4]
+    p_ngram = np.cumprod(c.acceptance.rates("r", "ngram"))[:2]
+    assert np.allclose(p_merged[:2], p_ngram) and p_merged[2] < 0.05
 
 
 def test_merged_mode_always_merges():

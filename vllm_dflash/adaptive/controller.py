@@ -44,6 +44,7 @@ class _Pending:
     start: int  # len(history) when proposed: the drafts predict history[start:start + len(tokens)]
     tokens: np.ndarray
     source: str
+    lookup: int = 0  # merged: how many of the tokens came from prompt lookup (slots 0..lookup-1)
 
 
 @dataclass
@@ -92,6 +93,11 @@ class StepPlan:
 def _needs_block(source: str, k: int, lookup: np.ndarray) -> bool:
     """Does verifying k tokens of this source use a DFlash token (so the draft forward must run)?"""
     return (source == "dflash" and k > 0) or (source == "merged" and k > len(lookup))
+
+
+def _lookup_slots(source: str, lookup: np.ndarray, k: int) -> int:
+    """How many of a proposal's first k slots hold prompt-lookup tokens inside a merged proposal (0 otherwise)."""
+    return min(len(lookup), k) if source == "merged" else 0
 
 
 def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
@@ -215,7 +221,7 @@ class AdaptiveController:
                 self._count("proposals_none")
                 continue
             toks = self._tokens(src, plan.lookups[i], block[i] if block is not None else None)[:k]
-            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src)
+            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, _lookup_slots(src, plan.lookups[i], k))
             out.append([int(t) for t in toks])
             self._count(f"proposals_{src}")
             self._count(f"drafted_tokens_{src}", k)
@@ -253,7 +259,7 @@ class AdaptiveController:
                 continue
             out[i, : len(toks)] = toks
             out[i, len(toks):] = toks[-1]
-            self._pending[rid] = _Pending(0, out[i].copy(), src)
+            self._pending[rid] = _Pending(0, out[i].copy(), src, _lookup_slots(src, plan.lookups[i], self.k_max))
         return out
 
     def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> None:
@@ -264,7 +270,7 @@ class AdaptiveController:
             p = self._pending.pop(rid, None)
             if p is not None and k > 0:
                 a = max(0, min(a, k))
-                self.acceptance.observe(rid, p.source, k, a)
+                self._observe(rid, p, k, a)
                 self._count(f"proposals_{p.source}")
                 self._count(f"drafted_tokens_{p.source}", k)
                 self._count(f"accepted_tokens_{p.source}", a)
@@ -298,21 +304,30 @@ class AdaptiveController:
 
     def _choose(self, rid: str, m: int, block: bool = True, memo: dict | None = None) -> tuple[str, np.ndarray]:
         """The source with the larger expected accepted length Σ P(i) for this request (it depends only on the
-        proposal's length, so the choice precedes the draft forward). memo: (rid, source, length) -> (P, Σ P),
+        proposal's length, so the choice precedes the draft forward). memo: (rid, source, length, m) -> (P, Σ P),
         shared by the calls of one plan (the acceptance model does not change within it).
         -> (source or 'none', P(i) = probability drafts 1..i are all accepted, over its proposal)."""
         best, best_sum = ("none", _EMPTY), 0.0
         for src, n in self._candidates(m, block):
-            key = (rid, src, n)
+            key = (rid, src, n, m)
             hit = memo.get(key) if memo is not None else None
             if hit is None:
-                p = cumulative_acceptance(self.acceptance.rates(rid, src), n)
+                p = cumulative_acceptance(self._rates(rid, src, m), n)
                 hit = (p, float(p.sum()))
                 if memo is not None:
                     memo[key] = hit
             if hit[1] > best_sum:
                 best, best_sum = (src, hit[0]), hit[1]
         return best
+
+    def _rates(self, rid: str, src: str, m: int) -> np.ndarray:
+        """[k_max] conditional acceptance by slot of a proposal of `src` from a request with m lookup tokens: a
+        merged one is prompt lookup's in its first m slots and the block-after-lookup rates ('merged') after."""
+        rates = self.acceptance.rates(rid, src)
+        if src == "merged" and m > 0:
+            rates = rates.copy()
+            rates[:m] = self.acceptance.rates(rid, "ngram")[:m]
+        return rates
 
     def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:
         """The full proposal of a source: [k_max] (prompt lookup alone: [m]). Without a block (only possible on a TP
@@ -342,10 +357,20 @@ class AdaptiveController:
             eq = seen[:m] == p.tokens[:m]
             accepted = int(m if eq.all() else np.argmin(eq))
             accepted = min(accepted, len(hist) - p.start - 1)  # the last history token is the bonus, not a draft
-            self.acceptance.observe(rid, p.source, len(p.tokens), accepted)
+            self._observe(rid, p, len(p.tokens), accepted)
             self._count(f"accepted_tokens_{p.source}", accepted)
             total += accepted
         return total
+
+    def _observe(self, rid: str, p: _Pending, drafted: int, accepted: int) -> None:
+        """A verified proposal into the acceptance model: a merged one's lookup slots as prompt lookup, its block
+        slots after them as 'merged' (by slot); any other under its own source."""
+        if p.source == "merged" and p.lookup > 0:
+            m = min(p.lookup, drafted)
+            self.acceptance.observe(rid, "ngram", m, min(accepted, m))
+            self.acceptance.observe(rid, "merged", drafted, accepted, start=m)
+        else:
+            self.acceptance.observe(rid, p.source, drafted, accepted)
 
     def _count(self, name: str, n: float = 1.0) -> None:
         if self.metrics is not None:

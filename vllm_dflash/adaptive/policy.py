@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SOURCES = ("dflash", "ngram", "merged")  # merged: prompt-lookup tokens first, the DFlash block after them
+# A merged proposal's lookup slots are scored as prompt lookup (they are its tokens); its "merged" rates are those of
+# the block's slots after a lookup, by slot (the block drafts slot j from the anchor whatever the lookup put before).
 
 
 class AcceptanceModel:
@@ -47,15 +49,17 @@ class AcceptanceModel:
         a, n = mine
         return (a + self.prior_weight * g) / (n + self.prior_weight)
 
-    def observe(self, req_id: str, source: str, num_drafted: int, num_accepted: int) -> None:
-        """One verified proposal: positions 1..accepted were accepted; position accepted+1 (if drafted) rejected."""
-        if num_drafted <= 0:
+    def observe(self, req_id: str, source: str, num_drafted: int, num_accepted: int, start: int = 0) -> None:
+        """One verified proposal: positions 1..accepted were accepted; position accepted+1 (if drafted) rejected.
+        start: only positions start+1.. are this source's (the tail of a merged proposal after its lookup tokens);
+        nothing is recorded when the target rejected a token before them."""
+        if num_drafted <= start or num_accepted < start:
             return
         tried = min(num_accepted + 1, num_drafted)  # positions whose conditional outcome we saw
         hit = np.zeros(self.k_max)
-        hit[:num_accepted] = 1.0
+        hit[start:num_accepted] = 1.0
         seen = np.zeros(self.k_max)
-        seen[:tried] = 1.0
+        seen[start:tried] = 1.0
         self.acc[source] = self.acc[source] * self.decay + hit
         self.att[source] = self.att[source] * self.decay + seen
         per = self.req.setdefault(req_id, {})
