@@ -59,10 +59,9 @@ class LengthPlanner:
         ctx = decision[2] if decision is not None else {}
         for rid, k, a in outcomes:
             self.acceptance.observe(rid, ctx.get(rid, ANY), k, max(0, min(a, k)))
-        reqs = len(ctx) or None  # the requests the plan covered: the step's decoding requests
-        if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens, reqs) + 0.05:
+        if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens) + 0.05:
             return  # a prefill step's time is not a decode cost; a long gap is idle time, not a step
-        self.cost.observe(num_tokens, dt, requests=reqs)
+        self.cost.observe(num_tokens, dt)
         if decision is not None:
             bucket, arm, _ = decision
             self.guard(bucket).record(tokens_out, dt, arm=arm)

@@ -2,10 +2,9 @@
 """The adaptive-drafting policy, free of vLLM: acceptance estimates, an online step-cost model, and the planner
 that turns both into per-request draft lengths.
 
-Model. Verifying a step that feeds the target n query tokens for B requests costs T(n, B) = alpha + beta * n +
-gamma * B seconds (fitted online from measured step times; on CPU the verify cost grows with the tokens fed, on GPU it
-is flat until compute-bound, which the fit also captures as beta ~ 0); within one plan B is fixed, so a draft token
-costs beta. A request drafting k tokens yields 1 + sum_{i<=k} P(i) tokens, P(i) the
+Model. Verifying a step that feeds the target n query tokens costs T(n) = alpha + beta * n seconds (fitted online
+from measured step times; on CPU the verify cost grows with the tokens fed, on GPU it is flat until compute-bound,
+which the fit also captures as beta ~ 0). A request drafting k tokens yields 1 + sum_{i<=k} P(i) tokens, P(i) the
 probability that the first i drafts are all accepted. The planner picks the k of every request that maximises
 tokens per second of the whole step: sum_r (1 + sum_{i<=k_r} P_r(i)) / T(sum_r (1 + k_r)).
 
@@ -73,49 +72,42 @@ class AcceptanceModel:
 
 @dataclass
 class StepCostModel:
-    """Online least squares fit of step time T(n, B) = alpha + beta * n + gamma * B: n query tokens fed to the target,
-    B requests in the step (0 where the caller does not say). beta is the cost of one more query token, so of one more
-    draft token in a batch of fixed size; beta + gamma that of one more request (its attention over its own context,
-    its logits row, its host work). With one regressor the per-request cost landed in beta at large batches (steps
-    with more requests also carry more drafts), so a draft token looked dearer than it is and the planner drafted too
-    little at concurrency 32.
+    """Online least squares fit of step time T(n) = alpha + beta * n (n = query tokens fed to the target).
 
-    Exponentially weighted normal equations (forgetting factor `forget` per observation). A weak prior (2 x
-    `prior_weight` observations on the prior line, fading like data) and a tiny ridge towards the current slopes keep
-    the fit defined: with no spread in n (or in B) the slope stays and the level is refitted. Units: seconds."""
+    Exponentially weighted normal equations (forgetting factor `forget` per observation); a weak prior keeps the
+    fit defined before the batch has shown any spread in n. Units: seconds."""
 
     alpha: float = 0.03
     beta: float = 0.002
-    gamma: float = 0.0
     forget: float = 0.98
     prior_weight: float = 2.0
-    _s: np.ndarray = field(default=None)  # type: ignore[assignment]  # [3, 3] weighted sums of x x^T, x = [1, n, B]
-    _b: np.ndarray = field(default=None)  # type: ignore[assignment]  # [3] weighted sums of x * t
+    _s: np.ndarray = field(default=None)  # type: ignore[assignment]  # sums of [1, n, n^2, t, n*t]
     num_obs: int = 0
 
     def __post_init__(self):
-        w = self.prior_weight
-        xs = np.array([[1.0, 1.0, 0.0], [1.0, 16.0, 0.0]])  # prior: w observations at n = 1 and at n = 16
-        ts = xs @ np.array([self.alpha, self.beta, self.gamma])
-        self._s = w * xs.T @ xs
-        self._b = w * xs.T @ ts
+        w, a, b = self.prior_weight, self.alpha, self.beta
+        # prior: w observations at n = 1 and w at n = 16 lying on the prior line
+        ns = np.array([1.0, 16.0])
+        ts = a + b * ns
+        self._s = np.array([2 * w, w * ns.sum(), w * (ns ** 2).sum(), w * ts.sum(), w * (ns * ts).sum()])
 
-    def observe(self, n_tokens: int, seconds: float, requests: int | None = None) -> None:
+    def observe(self, n_tokens: int, seconds: float) -> None:
         if seconds <= 0 or n_tokens <= 0:
             return
-        x = np.array([1.0, float(n_tokens), float(requests or 0)])
-        self._s = self._s * self.forget + np.outer(x, x)
-        self._b = self._b * self.forget + x * seconds
+        n = float(n_tokens)
+        self._s = self._s * self.forget + np.array([1.0, n, n * n, seconds, n * seconds])
         self.num_obs += 1
-        ridge = 1e-6 * np.maximum(np.diag(self._s), 1.0)
-        ridge[0] = 0.0  # the level is always refitted
-        theta = np.linalg.solve(self._s + np.diag(ridge), self._b + ridge * np.array([0.0, self.beta, self.gamma]))
-        self.beta, self.gamma = max(float(theta[1]), 0.0), max(float(theta[2]), 0.0)  # never cheaper with more
-        s, b = self._s, self._b
-        self.alpha = max(float((b[0] - s[0, 1] * self.beta - s[0, 2] * self.gamma) / s[0, 0]), 1e-6)
+        s0, s1, s2, st, snt = self._s
+        det = s0 * s2 - s1 * s1
+        if det <= 1e-9 * max(s0 * s2, 1e-12):
+            self.alpha = st / s0 - self.beta * s1 / s0  # no spread in n yet: keep the slope, refit the level
+        else:
+            beta = (s0 * snt - s1 * st) / det
+            self.beta = max(beta, 0.0)  # a step never gets cheaper with more tokens
+            self.alpha = max((st - self.beta * s1) / s0, 1e-6)
 
-    def __call__(self, n_tokens: float, requests: float | None = None) -> float:
-        return self.alpha + self.beta * n_tokens + self.gamma * (requests or 0)
+    def __call__(self, n_tokens: float) -> float:
+        return self.alpha + self.beta * n_tokens
 
 
 def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int = 0) -> list[int]:
@@ -131,11 +123,11 @@ def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int
     items.sort(key=lambda x: -x[0])
     base_tokens = float(B)  # every request yields its bonus token
     n0 = float(B + extra_tokens)
-    best_val, best_m = base_tokens / cost(n0, B), 0
+    best_val, best_m = base_tokens / cost(n0), 0
     total = base_tokens
     for m, (g, _) in enumerate(items, start=1):
         total += g
-        val = total / cost(n0 + m, B)
+        val = total / cost(n0 + m)
         if val > best_val:
             best_val, best_m = val, m
     k = [0] * B
@@ -155,7 +147,7 @@ def predicted_speedup(gains: list[np.ndarray], ks: list[int], cost: StepCostMode
     n0 = float(B + extra_tokens)
     drafted = sum(ks)
     tokens = B + sum(float(np.sum(g[:k])) for g, k in zip(gains, ks))
-    return (tokens / (cost(n0 + drafted, B) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0, B))
+    return (tokens / (cost(n0 + drafted) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0))
 
 
 class SpeculationGuard:
@@ -255,7 +247,6 @@ def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: Speculation
         metrics.observe("draft_tokens_per_request", float(k))
     metrics.set("cost_fixed_ms", cost.alpha * 1e3)
     metrics.set("cost_per_token_ms", cost.beta * 1e3)
-    metrics.set("cost_per_request_ms", cost.gamma * 1e3)
     for arm in guard.ARMS:
         if guard.rate[arm] is not None:
             metrics.set(f"guard_{arm}_tokens_per_s", guard.rate[arm])
