@@ -57,10 +57,19 @@ class Divergence:
     # nats (None: one of them is not among the target's TOP_K tokens, or the server could not be asked)
     top2: tuple[str, ...]  # the target's most likely tokens there (up to three, best first)
     near_tie: bool  # margin <= the dtype's tolerance
+    # False: the baseline's own token is not among the target's TOP_K there (or the server could not be asked). The
+    # baseline is the target's greedy output, so its token is the target's best: re-encoding the two output texts did
+    # not give back the generated tokens (a merge across a token boundary, e.g. " o" + "u" read back as " ou"), and
+    # the position cannot be judged. Neither a near-tie nor a real difference; the check does not pass with one.
+    judged: bool = True
 
     def describe(self) -> str:
         m = ("a token outside the target's top choices" if self.margin is None
              else f"logprob margin {self.margin:.3f} nats")
+        if not self.judged:
+            return (f"token {self.index}: {self.base_token!r} vs {self.other_token!r}, target's top "
+                    f"{list(self.top2)!r}: NOT JUDGED (the baseline's own token is not among the target's top "
+                    f"choices: the texts did not re-encode to the generated tokens)")
         kind = "numerical near-tie" if self.near_tie else "REAL DIFFERENCE"
         return (f"token {self.index}: {self.base_token!r} vs {self.other_token!r}, target's top {list(self.top2)!r}, "
                 f"{m} ({kind})")
@@ -121,16 +130,18 @@ def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, othe
     near = is_near_tie(margin, dtype)
     text = lambda t: "" if t is None else tokenizer.decode([t])  # noqa: E731
     return Divergence(index=i, base_token=text(ta), other_token=text(tb), margin=margin,
-                      top2=tuple(text(t) for t, _ in best[:3]), near_tie=near)
+                      top2=tuple(text(t) for t, _ in best[:3]), near_tie=near, judged=ta in lp)
 
 
 def summarize(compared: int, divergences: list[Divergence], dtype: str) -> dict[str, Any]:
     """Counts for a set of greedy comparisons: identical, near-ties, real differences, and whether the check passes
     (float32: every output identical; bf16: every divergence a near-tie)."""
-    near = [d for d in divergences if d.near_tie]
-    real = [d for d in divergences if not d.near_tie]
+    near = [d for d in divergences if d.near_tie and d.judged]
+    real = [d for d in divergences if not d.near_tie and d.judged]
+    unjudged = [d for d in divergences if not d.judged]
     return {"dtype": dtype, "compared": compared, "identical": compared - len(divergences), "near_ties": len(near),
-            "real": len(real), "passed": not real, "near_tie_nats": near_tie_nats(dtype),
+            "real": len(real), "unjudged": len(unjudged), "passed": not real and not unjudged,
+            "near_tie_nats": near_tie_nats(dtype),
             "max_near_tie_margin": max((d.margin for d in near), default=None),
             "divergences": [asdict(d) for d in divergences]}
 
@@ -145,5 +156,6 @@ def verdict_line(s: dict[str, Any]) -> str:
         return (f"{head}; the other {s['near_ties']} differ at numerical near-ties of the target in {s['dtype']} "
                 f"(logprob margins {margins} nats <= {s['near_tie_nats']}; the target alone does the same "
                 "under a different batch shape; run with --dtype float32 for token-exact output)")
-    return f"{head}; {s['real']} REAL DIFFERENCE(S): " + "; ".join(
-        Divergence(**{**d, "top2": tuple(d["top2"])}).describe() for d in s["divergences"] if not d["near_tie"])
+    return (f"{head}; {s['real']} REAL DIFFERENCE(S), {s.get('unjudged', 0)} not judged: " + "; ".join(
+        Divergence(**{**d, "top2": tuple(d["top2"])}).describe() for d in s["divergences"]
+        if not d["near_tie"] or not d.get("judged", True)))

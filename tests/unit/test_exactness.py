@@ -2,6 +2,8 @@
 """Greedy exactness and its explanation (vllm_dflash.exactness): where outputs differ, the first differing token and
 the target's top-2 logprob margin there. float32 must be identical; bf16 may differ only at numerical near-ties.
 The helpers without vLLM; the served bf16 check is tests/e2e/test_exactness_served.py."""
+import pytest
+
 from vllm_dflash import exactness as ex
 from vllm_dflash.exactness import Divergence, first_difference, summarize, verdict_line
 
@@ -40,6 +42,45 @@ def test_summary_and_verdict():
     assert near["passed"] and near["near_ties"] == 1 and "3/4" in line and "0.030" in line and "near-tie" in line
     real = summarize(4, [_div(0.03, True), _div(4.2, False)], "bfloat16")
     assert not real["passed"] and real["real"] == 1 and "REAL" in verdict_line(real) and "4.200" in verdict_line(real)
+
+
+class _Tok:
+    """A tokenizer whose encoding of "ou" is one token (4) though the target generated "o" (2) then "u" (3)."""
+
+    eos_token_id = 0
+    vocab = {1: " x", 2: "o", 3: "u", 4: "ou", 5: "t", 6: "y"}
+
+    def encode(self, text, add_special_tokens=False):
+        out, i = [], 0
+        while i < len(text):
+            for tid, piece in sorted(self.vocab.items(), key=lambda kv: -len(kv[1])):
+                if text.startswith(piece, i):
+                    out.append(tid)
+                    i += len(piece)
+                    break
+            else:
+                raise ValueError(text[i:])
+        return out
+
+    def decode(self, ids):
+        return "".join(self.vocab[i] for i in ids)
+
+    def __call__(self, text):
+        return {"input_ids": self.encode(text)}
+
+
+def test_a_divergence_the_text_cannot_locate_is_not_judged(monkeypatch):
+    """The baseline generated "o", "u", "t" (the target's greedy choice "o" first); re-encoding its text gives "ou":
+    that token is not among the target's top choices, so the position is not judged (neither a near-tie nor a real
+    difference) and the check does not pass. A baseline token among them is judged as before."""
+    monkeypatch.setattr(ex, "top_tokens", lambda url, ids, **k: [(2, -0.1), (6, -3.0), (1, -5.0)])
+    d = ex.explain("http://x", _Tok(), {"prompt": " x"}, "out", "yy", "bfloat16")
+    assert not d.judged and d.margin is None and d.base_token == "ou"
+    s = summarize(2, [d], "bfloat16")
+    assert not s["passed"] and s["real"] == 0 and s["unjudged"] == 1 and "NOT JUDGED" in verdict_line(s)
+    d2 = ex.explain("http://x", _Tok(), {"prompt": " x"}, "ot", "yt", "bfloat16")  # "o" vs "y": judged, far apart
+    assert d2.judged and d2.margin == pytest.approx(2.9) and not d2.near_tie
+    assert summarize(2, [d2], "bfloat16")["real"] == 1
 
 
 def test_default_dtype_on_both_cpu_kinds(monkeypatch):

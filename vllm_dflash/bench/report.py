@@ -69,9 +69,12 @@ def _exact_cell(vs: dict[str, Any], ex: dict[str, Any] | None) -> str:
     if not diff:
         return cell
     near = (ex or {}).get("near_ties", 0)
+    unj = (ex or {}).get("unjudged", 0)
     if near:
         cell += f" + {near} near-tie{'s' if near > 1 else ''} (margin ≤ {ex['max_near_tie_margin']:.2f})"
-    return cell + (f" **{diff - near} MISMATCH**" if diff - near else "")
+    if unj:
+        cell += f" + {unj} not judged"
+    return cell + (f" **{diff - near - unj} MISMATCH**" if diff - near - unj else "")
 
 
 def render_acceptance(runs: list[dict[str, Any]]) -> str:
@@ -220,14 +223,16 @@ def render_markdown(result: dict[str, Any]) -> str:
     for name, v in ll["per_config"].items():
         out.append(f"- {name}: {v['identical']}/{v['compared']} identical"
                    + (f", {v['near_ties']} near-ties (margins {', '.join(f'{m:.3f}' for m in v['margins'])} nats)"
-                      if v.get("near_ties") else "") + (f", **{v['real']} real differences**" if v.get("real") else ""))
+                      if v.get("near_ties") else "") + (f", **{v['real']} real differences**" if v.get("real") else "")
+                   + (f", {v['unjudged']} not judged (the texts did not re-encode to the generated tokens)"
+                      if v.get("unjudged") else ""))
     for r in result["runs"]:
         divs = (r.get("exactness") or {}).get("divergences", [])
         for mm in (r.get("vs_baseline") or {}).get("mismatches", []):
             out.append(f"  - differs: {r['config']} / {r['prompt_set']} / c{r['concurrency']} / {mm['id']} at char "
                        f"{mm['first_diff_char']}: none `{mm['base'][:40]!r}` vs `{mm['other'][:40]!r}`")
         for d in divs:
-            kind = "near-tie" if d["near_tie"] else "REAL"
+            kind = "NOT JUDGED" if not d.get("judged", True) else "near-tie" if d["near_tie"] else "REAL"
             m = "n/a" if d["margin"] is None else f"{d['margin']:.3f}"
             out.append(f"    - first differing token {d['index']}: {d['base_token']!r} vs {d['other_token']!r}; the "
                        f"target's top 2 {list(d['top2'])!r}, margin {m} nats ({kind})")

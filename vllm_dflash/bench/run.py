@@ -256,15 +256,18 @@ def _losslessness(runs: list[dict[str, Any]]) -> dict[str, Any]:
     per: dict[str, dict[str, Any]] = {}
     for r in runs:
         if r.get("vs_baseline"):
-            v = per.setdefault(r["config"], {"identical": 0, "compared": 0, "near_ties": 0, "real": 0, "margins": []})
+            v = per.setdefault(r["config"], {"identical": 0, "compared": 0, "near_ties": 0, "real": 0, "unjudged": 0,
+                                             "margins": []})
             v["identical"] += r["vs_baseline"]["identical"]
             v["compared"] += r["vs_baseline"]["compared"]
             ex = r.get("exactness") or {}
             v["near_ties"] += ex.get("near_ties", 0)
             v["margins"] += [d["margin"] for d in ex.get("divergences", []) if d["near_tie"]]
-            v["real"] += r["vs_baseline"]["compared"] - r["vs_baseline"]["identical"] - ex.get("near_ties", 0)
+            v["unjudged"] += ex.get("unjudged", 0)
+            v["real"] += (r["vs_baseline"]["compared"] - r["vs_baseline"]["identical"] - ex.get("near_ties", 0)
+                          - ex.get("unjudged", 0))
     return {"per_config": per, "mismatches": sum(v["compared"] - v["identical"] for v in per.values()),
-            "real": sum(v["real"] for v in per.values())}
+            "real": sum(v["real"] for v in per.values()), "unjudged": sum(v["unjudged"] for v in per.values())}
 
 
 def _machine() -> dict[str, Any]:
@@ -521,9 +524,10 @@ def run_from_args(a: argparse.Namespace) -> int:
     meta["elapsed_s"] = round(time.time() - t_start, 1)
     _write(result, Path(a.out_dir), a.name, not a.no_plots)
     mism, real = result["losslessness"]["mismatches"], result["losslessness"]["real"]
+    unj = result["losslessness"]["unjudged"]
     if mism:
-        print(f"LOSSLESSNESS: {mism} greedy output(s) differ from `none` ({mism - real} at numerical near-ties of the "
-              f"target in {dtype}, {real} real; see the markdown)" + ("" if real else
+        print(f"LOSSLESSNESS: {mism} greedy output(s) differ from `none` ({mism - real - unj} at numerical near-ties "
+              f"of the target in {dtype}, {real} real, {unj} not judged; see the markdown)" + ("" if real else
               ". Run with --dtype float32 for token-exact outputs"))
     print(f"elapsed {meta['elapsed_s']:.0f}s")
     if not any(r.get("ok") for r in result["runs"]):

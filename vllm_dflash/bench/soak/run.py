@@ -142,7 +142,9 @@ def explain_greedy(url: str, tokenizer: Any, cases: dict[str, Req], mismatches: 
         d = explain(url, tokenizer, item, mm["alone"] or "", mm["load"] or "", dtype)
         if d is not None:
             divs.append({"tag": mm["tag"], "case": mm["case"], **asdict(d)})
-    return {"near_ties": sum(d["near_tie"] for d in divs), "real": sum(not d["near_tie"] for d in divs),
+    return {"near_ties": sum(d["near_tie"] and d["judged"] for d in divs),
+            "real": sum(not d["near_tie"] and d["judged"] for d in divs),
+            "unjudged": sum(not d["judged"] for d in divs),
             "divergences": divs}
 
 
