@@ -53,6 +53,9 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v6": {"machine": "xeon-bf16"},
     "bench_v7": {"machine": "xeon-bf16"},
     "bench_v9": {"machine": "xeon-bf16"},
+    "bench_v10": {"machine": "xeon-bf16"},
+    "bench_v11": {"machine": "xeon-bf16"},
+    "bench_v11_c32": {"machine": "xeon-bf16"},
     "bench_v8": {"machine": "xeon-bf16"},
     "bench_v8_c32": {"machine": "xeon-bf16"},
     "spec_overhead_c32": {"machine": "xeon-bf16"},
@@ -72,12 +75,13 @@ PROVENANCE: dict[str, dict[str, str]] = {
                            "command": "python benchmarks/profile_train_step.py --threads 1 "
                                       "--out benchmarks/results/profile_train_step.json"},
     "soak": {"machine": "epyc-avx2"},
+    "train_throughput_xeon": {"machine": "xeon-bf16"},
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
-         "draft_depth", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
+         "draft_depth", "train_throughput_xeon", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 BENCH_DEFAULTS = {"prompt_sets": ["humaneval", "chat"], "threads": 1, "kv_cache_gib": 2, "max_model_len": 2048,
                   "num_speculative_tokens": 7}
@@ -228,7 +232,13 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v9": "Concurrency 8 and 32 with vLLM's n-gram fixed and as vLLM ships it: none, n-gram, "
+    title = {"bench_v11_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, after the two-regressor step-cost "
+                              "fit: none, n-gram, adaptive, merged",
+             "bench_v11": "Concurrency 8 and 32 after the two-regressor step-cost fit (T(n, B)): none, n-gram, "
+                          "adaptive, merged (32 prompts, interleaved)",
+             "bench_v10": "Concurrency 1, 8 and 32 with one-pass greedy verification on CPU and merged proposals "
+                          "scored per slot: none, n-gram, adaptive, merged (32 prompts, interleaved)",
+             "bench_v9": "Concurrency 8 and 32 with vLLM's n-gram fixed and as vLLM ships it: none, n-gram, "
                          "n-gram without the plugin, adaptive, merged (50 prompts, interleaved)",
              "bench_v8": "Interleaved serving benchmark, repeat of bench_v7 with the fixed block: none, n-gram, "
                          "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
@@ -429,6 +439,22 @@ def train_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[s
     return out + hand(notes, stem)
 
 
+def throughput_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    """Training throughput: the draft step alone (profile) and the trainer end to end, in anchor-blocks/s."""
+    out = ["## Training throughput on both cores (anchor-blocks/s)", ""]
+    out += provenance_block(d["date"], machine(stem), d["profile"]["command"], d["note"])
+    out += [f"- trainer: `{d['trainer']['command']}`"]
+    out += ["", "| measurement | threads | anchors per sequence | blocks per step | target features s | draft fwd+bwd s "
+                "| anchor-blocks/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in d["profile"]["runs"]:
+        out.append(f"| draft step alone (profile) | {r['threads']} | {r['anchors']} | {r['blocks_per_step']} | "
+                   f"{r['target_features_s']:.2f} | {r['draft_step_s']:.3f} | {r['draft_blocks_per_s']:.0f} |")
+    for key, what in (("trainer", "trainer, cached features"), ("trainer_first_pass", "trainer, features computed")):
+        for r in d.get(key, {}).get("log", []):
+            out.append(f"| {what}, steps to {r['step']} | 2 | 32 | 128 | – | – | {r['blocks_per_s']:.0f} |")
+    return out + hand(notes, stem)
+
+
 def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
     out = ["## Soak test (serving under load, faults and bad input)", "",
            "Full figures and method: [docs/RELIABILITY.md](RELIABILITY.md) (generated from the same JSON by "
@@ -519,6 +545,8 @@ def render() -> str:
                 sec = depth_section(stem, d, notes)
             elif stem == "profile_train_step":
                 sec = train_section(stem, d, notes)
+            elif stem == "train_throughput_xeon":
+                sec = throughput_section(stem, d, notes)
             elif stem == "step_cost":
                 sec = step_cost_section(stem, d, notes)
             elif stem in MD_SECTIONS:
