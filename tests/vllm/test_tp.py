@@ -250,8 +250,9 @@ else:
 
     # CI runs every case but adaptive drafting with overlap on (`slow`; each TP=2 engine costs about a minute on 2
     # quiet cores): no speculation, vLLM's drafter, our fixed block with overlap on and off (acceptance within 5 % of
-    # TP=1 catches a wrong KV shard), our adaptive drafter (the plan broadcast, metrics from rank 0), the
-    # rank-divergence fault injection, Ray TP=2 equal to mp bit for bit, the heads check and the executor selection.
+    # TP=1 catches a wrong KV shard), our adaptive drafter under the rank-divergence fault injection (the plan
+    # broadcast, metrics from rank 0), Ray TP=2 equal to mp bit for bit (sharing the mp run of the fixed-block test),
+    # the heads check and the executor selection.
     pytestmark = [pytest.mark.vllm]
 
     @pytest.fixture(scope="module")
@@ -298,14 +299,22 @@ else:
                    "speculative_config": _spec(tp_pair), "process_env": {"DFLASH_DRAFTER": "vllm"}})
         _check_lossless(res, reference)
 
+    @pytest.fixture(scope="module")
+    def mp_fixed_tp2(tp_pair) -> dict:
+        """Our drafter, fixed block, TP=2 on the mp executor with overlap on (the default): shared by the fixed-block
+        test and the Ray comparison, which must match it bit for bit."""
+        return run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
+                    "speculative_config": _spec(tp_pair, adaptive=False), "process_env": {"DFLASH_OVERLAP": "1"}})
+
     @pytest.mark.parametrize("overlap", ["1", "0"])
-    def test_tp2_ours_fixed_block_lossless(tp_pair, reference, overlap):
+    def test_tp2_ours_fixed_block_lossless(tp_pair, reference, overlap, request):
         """Our drafter, fixed block, TP=2, with and without overlap scheduling: TP=1 no-spec output, and the same
         acceptance as at TP=1 (the draft sees the same target features; only reduction order differs)."""
         spec = _spec(tp_pair, adaptive=False)
         env = {"DFLASH_OVERLAP": overlap}
-        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2, "speculative_config": spec,
-                   "process_env": env})
+        res = request.getfixturevalue("mp_fixed_tp2") if overlap == "1" else run(
+            {"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2, "speculative_config": spec,
+             "process_env": env})
         _check_lossless(res, reference)
         assert res["async_scheduling"] is (overlap == "1")
         tp1 = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 1, "speculative_config": spec,
@@ -315,12 +324,18 @@ else:
         assert "'fused'" in res["log"], "our fused KV injection did not run at TP=2"
         _check_metrics_rank0_only(res, tp1)
 
-    def test_tp2_ours_adaptive_lossless(tp_pair, reference):
+    def test_tp2_ours_adaptive_lossless_through_rank_divergence(tp_pair, reference, tmp_path):
         """Adaptive drafting (synchronous) at TP=2: each rank plans with its own clock, TP rank 0's plan is broadcast
-        and adopted (design 1b), so the draft forward's collectives run on both ranks or neither (this hung before)."""
+        and adopted (design 1b), so the draft forward's collectives run on both ranks or neither. Fault injection
+        makes that certain to matter: TP rank 1's own plan says 'no speculation' whatever rank 0 decides (injected
+        inside AdaptiveController.plan). The run finishes with the reference output (before the broadcast it hung:
+        rank 0 waited in the draft forward's all-reduce, rank 1 in the next step's queue, until the runner killed it
+        at the timeout), and the metrics come from rank 0 only."""
         res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
-                   "speculative_config": _spec(tp_pair, adaptive=True)}, timeout=600)
+                   "speculative_config": _spec(tp_pair, adaptive=True), "process_env": diverge_env(tmp_path)},
+                  timeout=600)
         _check_lossless(res, reference)
+        assert "adaptive plan differed from TP rank 0's" in res["log"], "the injected divergence never happened"
         assert res["async_scheduling"] is False  # adaptive stays synchronous under overlap=auto
         _check_metrics_rank0_only(res)
 
@@ -332,17 +347,6 @@ else:
         _check_lossless(res, reference)
         assert res["async_scheduling"] is True
         _check_metrics_rank0_only(res)
-
-    def test_tp2_rank_divergence_finishes(tp_pair, reference, tmp_path):
-        """Fault injection: TP rank 1's adaptive plan says 'no speculation' whatever rank 0 decides (injected inside
-        AdaptiveController.plan). Rank 0's plan is broadcast and adopted by every rank after plan() (design item
-        1b), so the run finishes with the reference output (before, it hung: rank 0 waited in the draft forward's
-        all-reduce, rank 1 in the next step's queue, until the runner killed it at the timeout)."""
-        res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2,
-                   "speculative_config": _spec(tp_pair, adaptive=True), "process_env": diverge_env(tmp_path)},
-                  timeout=600)
-        _check_lossless(res, reference)
-        assert "adaptive plan differed from TP rank 0's" in res["log"], "the injected divergence never happened"
 
     def test_draft_heads_must_divide_by_tp(tp_pair, tmp_path):
         """A draft whose heads do not divide by the TP size is refused at start-up with the field and the fix (not
@@ -407,7 +411,7 @@ else:
             found.update(n for n in names if n in text)
         return found
 
-    def test_ray_cpu_executor_tp2_equals_mp(tp_pair, reference):
+    def test_ray_cpu_executor_tp2_equals_mp(tp_pair, reference, mp_fixed_tp2):
         """distributed_executor_backend="ray" on CPU (our RayCpuExecutor through the get_class patch). Ray TP=2 with
         our drafter (fixed block, overlap on): the TP=1 reference output, the same drafts/acceptance as the mp
         executor at TP=2, each rank bound to its own core as VLLM_CPU_OMP_THREADS_BIND="0|1" says, metrics from
@@ -445,7 +449,8 @@ else:
         assert [b["affinity"] for b in bind] == [[0], [1]], bind
         assert all(b["torch_threads"] == 1 for b in bind), bind
         _check_metrics_rank0_only(ray_res)
-        mp_res = run({"model": str(tp_pair / "target"), "prompts": prompts(), "tp": 2, "speculative_config": spec})
+        mp_res = mp_fixed_tp2  # the same config on the mp executor (overlap on, as Ray's run above: asserted)
+        assert mp_res["async_scheduling"] is True
         assert ray_res["tokens"] == mp_res["tokens"]
         assert ray_res["counters"] == mp_res["counters"], "Ray and mp executors must verify the same drafts"
         assert ray_res["metrics_merged_draft_steps"] == mp_res["metrics_merged_draft_steps"]
