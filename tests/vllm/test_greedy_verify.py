@@ -20,11 +20,15 @@ def sampler():
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
-    from vllm_dflash.integration.patches import apply_patches
+    from vllm_dflash.integration.patches import cpu_greedy_verify
 
     current_platform.register_triton_kernel_overrides()  # what the CPU worker does before its first step
-    apply_patches()  # what the plugin does in every vLLM process (the wrapper; its original stays as __wrapped__)
-    return RejectionSampler(Sampler())
+    before = RejectionSampler.forward
+    cpu_greedy_verify.apply()  # this patch only (the wrapper; vLLM's forward stays as __wrapped__), undone after:
+    try:  # the other patches would change what later tests in this process read of vLLM (tests/vllm/test_seam.py)
+        yield RejectionSampler(Sampler())
+    finally:
+        RejectionSampler.forward = before
 
 
 def _metadata(draft_lists: list[list[int]]):
