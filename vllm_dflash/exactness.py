@@ -133,17 +133,30 @@ def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, othe
                       top2=tuple(text(t) for t, _ in best[:3]), near_tie=near, judged=ta in lp)
 
 
+KINDS = ("near_tie", "real", "unjudged")
+
+
+def kind(d: dict[str, Any]) -> str:
+    """A divergence (`asdict(Divergence)`, as stored in results) as one of KINDS; records from before `judged`
+    existed count as judged."""
+    return "unjudged" if not d.get("judged", True) else "near_tie" if d["near_tie"] else "real"
+
+
+def count_kinds(divergences: list[dict[str, Any]]) -> dict[str, int]:
+    """{"near_ties": n, "real": n, "unjudged": n} over stored divergences."""
+    kinds = [kind(d) for d in divergences]
+    return {"near_ties": kinds.count("near_tie"), "real": kinds.count("real"), "unjudged": kinds.count("unjudged")}
+
+
 def summarize(compared: int, divergences: list[Divergence], dtype: str) -> dict[str, Any]:
     """Counts for a set of greedy comparisons: identical, near-ties, real differences, and whether the check passes
     (float32: every output identical; bf16: every divergence a near-tie)."""
-    near = [d for d in divergences if d.near_tie and d.judged]
-    real = [d for d in divergences if not d.near_tie and d.judged]
-    unjudged = [d for d in divergences if not d.judged]
-    return {"dtype": dtype, "compared": compared, "identical": compared - len(divergences), "near_ties": len(near),
-            "real": len(real), "unjudged": len(unjudged), "passed": not real and not unjudged,
-            "near_tie_nats": near_tie_nats(dtype),
-            "max_near_tie_margin": max((d.margin for d in near), default=None),
-            "divergences": [asdict(d) for d in divergences]}
+    rows = [asdict(d) for d in divergences]
+    counts = count_kinds(rows)
+    return {"dtype": dtype, "compared": compared, "identical": compared - len(divergences), **counts,
+            "passed": not counts["real"] and not counts["unjudged"], "near_tie_nats": near_tie_nats(dtype),
+            "max_near_tie_margin": max((d["margin"] for d in rows if kind(d) == "near_tie"), default=None),
+            "divergences": rows}
 
 
 def verdict_line(s: dict[str, Any]) -> str:
@@ -157,5 +170,4 @@ def verdict_line(s: dict[str, Any]) -> str:
                 f"(logprob margins {margins} nats <= {s['near_tie_nats']}; the target alone does the same "
                 "under a different batch shape; run with --dtype float32 for token-exact output)")
     return (f"{head}; {s['real']} REAL DIFFERENCE(S), {s.get('unjudged', 0)} not judged: " + "; ".join(
-        Divergence(**{**d, "top2": tuple(d["top2"])}).describe() for d in s["divergences"]
-        if not d["near_tie"] or not d.get("judged", True)))
+        Divergence(**{**d, "top2": tuple(d["top2"])}).describe() for d in s["divergences"] if kind(d) != "near_tie"))

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash import exactness
+
 
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "–" if x is None else fmt.format(x)
@@ -232,7 +234,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             out.append(f"  - differs: {r['config']} / {r['prompt_set']} / c{r['concurrency']} / {mm['id']} at char "
                        f"{mm['first_diff_char']}: none `{mm['base'][:40]!r}` vs `{mm['other'][:40]!r}`")
         for d in divs:
-            kind = "NOT JUDGED" if not d.get("judged", True) else "near-tie" if d["near_tie"] else "REAL"
+            kind = {"near_tie": "near-tie", "real": "REAL", "unjudged": "NOT JUDGED"}[exactness.kind(d)]
             m = "n/a" if d["margin"] is None else f"{d['margin']:.3f}"
             out.append(f"    - first differing token {d['index']}: {d['base_token']!r} vs {d['other_token']!r}; the "
                        f"target's top 2 {list(d['top2'])!r}, margin {m} nats ({kind})")

@@ -133,7 +133,7 @@ def explain_greedy(url: str, tokenizer: Any, cases: dict[str, Req], mismatches: 
                    dtype: str) -> dict[str, Any]:
     """Each greedy output that differs from its alone output: first differing token and the target's top-2 logprob
     margin there (vllm_dflash.exactness). -> near-tie / real counts and the divergences."""
-    from vllm_dflash.exactness import explain
+    from vllm_dflash.exactness import count_kinds, explain
 
     divs = []
     for mm in mismatches:
@@ -142,10 +142,7 @@ def explain_greedy(url: str, tokenizer: Any, cases: dict[str, Req], mismatches: 
         d = explain(url, tokenizer, item, mm["alone"] or "", mm["load"] or "", dtype)
         if d is not None:
             divs.append({"tag": mm["tag"], "case": mm["case"], **asdict(d)})
-    return {"near_ties": sum(d["near_tie"] and d["judged"] for d in divs),
-            "real": sum(not d["near_tie"] and d["judged"] for d in divs),
-            "unjudged": sum(not d["judged"] for d in divs),
-            "divergences": divs}
+    return {**count_kinds(divs), "divergences": divs}
 
 
 def watchdog(srv, bound_s: float, t0: float, stop: threading.Event) -> None:
