@@ -450,8 +450,10 @@ def throughput_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> l
         out.append(f"| draft step alone (profile) | {r['threads']} | {r['anchors']} | {r['blocks_per_step']} | "
                    f"{r['target_features_s']:.2f} | {r['draft_step_s']:.3f} | {r['draft_blocks_per_s']:.0f} |")
     for key, what in (("trainer", "trainer, cached features"), ("trainer_first_pass", "trainer, features computed")):
-        for r in d.get(key, {}).get("log", []):
-            out.append(f"| {what}, steps to {r['step']} | 2 | 32 | 128 | – | – | {r['blocks_per_s']:.0f} |")
+        t = d.get(key, {})
+        for r in t.get("log", []):
+            out.append(f"| {what}, steps to {r['step']} | {t['threads']} | {t['anchors']} | "
+                       f"{t['batch_size'] * t['anchors']} | – | – | {r['blocks_per_s']:.0f} |")
     return out + hand(notes, stem)
 
 
