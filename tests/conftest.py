@@ -16,6 +16,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (scripts/test.sh runs one worker per core) every worker's engines bind their OpenMP threads to
+# the worker's own core. vLLM's "auto" binding would put every worker's engine on the same core and leave the other
+# idle. A test that sets its own layout (the TP tests' "0|1") still overrides this.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+if _XDIST_WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(int(_XDIST_WORKER[2:]) % (os.cpu_count() or 1))
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
