@@ -19,7 +19,7 @@ for a in "$@"; do
     *) args+=("$a") ;;
   esac
 done
-workers=${DFLASH_TEST_WORKERS:-$(nproc)}
+workers=${DFLASH_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc alone obeys OMP_NUM_THREADS
 par=()
 [ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadfile)
 exec .venv/bin/python -m pytest -q -m "$marks" --durations=30 ${par[@]+"${par[@]}"} ${args[@]+"${args[@]}"}
