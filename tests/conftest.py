@@ -67,3 +67,9 @@ def _no_leaked_metrics_dir():
             os.environ.pop(n, None)
         else:
             os.environ[n] = v
+
+
+def pytest_collection_modifyitems(config, items):
+    """The nvcc compile check (marker `build`, ~100 s in one file) first: under pytest-xdist a file goes to one worker,
+    and run last it kept that worker busy alone for its whole length. Stable: the order is otherwise unchanged."""
+    items.sort(key=lambda item: item.get_closest_marker("build") is None)
