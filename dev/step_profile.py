@@ -93,7 +93,7 @@ def main() -> None:
             if isinstance(v, type) and hasattr(v, "combine_hidden_states"):
                 wrap(v, "combine_hidden_states", "p.combine")
     llm = LLM(model=str(target), dtype="bfloat16", max_model_len=2048, max_num_seqs=max(a.concurrency, 8),
-              speculative_config=spec, seed=0)
+              speculative_config=spec, seed=0, gpu_memory_utilization=0.5)  # CPU: a share of RAM (other jobs hold some)
     core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
     sched = core.scheduler
     wrap(sched, "schedule", "sched")
