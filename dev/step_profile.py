@@ -19,6 +19,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 REC: list[dict] = []
 CUR: dict = defaultdict(float)
 DEPTH: dict = defaultdict(int)
+PLAN: dict = {}  # the adaptive plan of the current step (ours only)
 
 
 def wrap(obj, name, key):
@@ -84,11 +85,27 @@ def main() -> None:
         from vllm_dflash.integration import proposer as P
         from vllm_dflash.integration import vllm_model as VM
         prop = P.DFlashDrafter
-        for name in ("set_inputs_first_pass", "build_per_group_and_layer_attn_metadata",
-                     "build_model_inputs_first_pass", "_block", "_adaptive"):
+        for name in ("propose", "prepare_next_token_ids_padded", "prepare_inputs_padded", "set_inputs_first_pass",
+                     "build_per_group_and_layer_attn_metadata", "build_model_inputs_first_pass", "_block",
+                     "_adaptive", "_histories", "_defer"):
             if hasattr(prop, name):
                 wrap(prop, name, "p." + name)
         wrap(AdaptiveController, "plan", "p.plan")
+        plan_f = AdaptiveController.plan
+
+        @functools.wraps(plan_f)
+        def plan_rec(self, *x, **k):  # the step's decisions and the models behind them, into the step's record
+            out = plan_f(self, *x, **k)
+            g = self.guard
+            PLAN.update(srcs={s: out.sources.count(s) for s in set(out.sources)}, drafted=sum(out.ks),
+                        block=bool(out.needs_block), cost=[self.cost.alpha, self.cost.beta],
+                        block_cost=[self.block_cost.alpha, self.block_cost.beta], arm=g.arm,
+                        forecast=g.forecast, rates={a: g.rate[a] for a in g.ARMS})
+            return out
+        AdaptiveController.plan = plan_rec
+        wrap(AdaptiveController, "propose", "p.ctl_propose")
+        for name in ("_copy_draft_token_ids_to_cpu", "_copy_valid_sampled_token_count"):
+            wrap(R, name, "p.runner" + name)
         for v in vars(VM).values():
             if isinstance(v, type) and hasattr(v, "combine_hidden_states"):
                 wrap(v, "combine_hidden_states", "p.combine")
@@ -109,6 +126,8 @@ def main() -> None:
         rec["step"] = time.perf_counter() - t
         rec["query_tokens"] = LAST.pop("n", 0)
         rec["reqs"] = LAST.pop("b", 0)
+        rec.update(PLAN)
+        PLAN.clear()
         REC.append(rec)
         return out
     core.step_fn = stepw

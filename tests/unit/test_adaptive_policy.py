@@ -400,3 +400,74 @@ def test_a_measured_off_arm_plans_nothing():
     plan = c.plan(ids, [hist] * 32, query_tokens=32, decode_only=True)
     assert calls == [] and plan.sources == ["none"] * 32 and not plan.needs_block
     assert c.propose(plan, None) == [[]] * 32
+
+
+def _plan_lengths_loop(gains, cost, extra_tokens=0):
+    """The planner as one loop over the sorted (request, position) gains: the reference for the array version."""
+    B = len(gains)
+    items = sorted(((float(g), r) for r, gr in enumerate(gains) for g in gr), key=lambda x: -x[0])
+    n0 = float(B + extra_tokens)
+    best_val, best_m, total = B / cost(n0), 0, float(B)
+    for m, (g, _) in enumerate(items, start=1):
+        total += g
+        if total / cost(n0 + m) > best_val:
+            best_val, best_m = total / cost(n0 + m), m
+    k = [0] * B
+    for _, r in items[:best_m]:
+        k[r] += 1
+    return k
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_array_planner_equals_the_loop(seed):
+    """Same lengths as the loop on ragged gains, ties between requests included (every third run draws gains from a
+    few values, so equal gains of different requests are common) and flat cost (beta 0: equal values never extend
+    the plan)."""
+    rng = np.random.default_rng(seed)
+    B = int(rng.integers(1, 40))
+    values = rng.choice([0.9, 0.5, 0.25, 0.0], size=(B, 7)) if seed % 3 == 0 else rng.uniform(0, 1, (B, 7))
+    gains = [cumulative_acceptance(v, int(rng.integers(0, 8))) for v in values]
+    cost = StepCostModel(alpha=float(rng.uniform(0.01, 0.09)), beta=0.0 if seed % 4 == 0 else float(rng.uniform(0, 0.003)))
+    extra = int(rng.integers(0, 20))
+    assert plan_lengths(gains, cost, extra) == _plan_lengths_loop(gains, cost, extra)
+
+
+def _choose_loop(c: AdaptiveController, rid: str, m: int, block: bool):
+    """One request's source choice as the controller made it one request at a time (the reference for the batch)."""
+    K = c.k_max
+    if not block:
+        cands = [] if c.mode == "dflash" else ([("ngram" if c.mode in ("both", "ngram") else "merged", m)] if m else [])
+    else:
+        cands = {"dflash": [("dflash", K)], "ngram": [("ngram", m)] if m else [], "merged": [("merged", K)]}.get(
+            c.mode, [("dflash", K)] + ([("ngram", m)] if m else []) + ([("merged", K)] if 0 < m < K else []))
+    best, best_p, best_sum = "none", np.zeros(0), 0.0
+    for src, n in cands:
+        p = cumulative_acceptance(c._rates(rid, src, m), n)
+        if p.sum() > best_sum:
+            best, best_p, best_sum = src, p, float(p.sum())
+    return best, best_p
+
+
+@pytest.mark.parametrize("mode", ["both", "dflash", "ngram", "merged"])
+def test_batched_source_choice_equals_one_request_at_a_time(mode):
+    """The batched chooser (`_gain_table` + `_choose`) picks the same source and the same P(i) per request as the
+    per-request rule, with per-request acceptance histories, new requests (global rates only) and every lookup
+    length, with and without the draft forward."""
+    rng = np.random.default_rng(1)
+    K = 5
+    c = AdaptiveController(K, mode=mode, clock=_Clock())
+    ids = [f"r{i}" for i in range(24)]
+    for _ in range(300):
+        rid = ids[int(rng.integers(0, 20))]  # r20..r23 never observed: global rates only
+        src = ["dflash", "ngram", "merged"][int(rng.integers(0, 3))]
+        n = int(rng.integers(1, K + 1))
+        c.acceptance.observe(rid, src, n, int(rng.integers(0, n + 1)), start=int(rng.integers(0, 2)))
+    m = rng.integers(0, K + 1, size=len(ids))
+    m[:6] = [0, 1, K - 1, K, 0, K]
+    table = c._gain_table(ids, m)
+    for block in (True, False):
+        sources, gains = c._choose(table, m, block)
+        for i, rid in enumerate(ids):
+            src, p = _choose_loop(c, rid, int(m[i]), block)
+            assert sources[i] == src, (rid, int(m[i]), block)
+            assert np.allclose(gains[i, : len(p)], p, rtol=1e-12, atol=0) and not gains[i, len(p):].any()

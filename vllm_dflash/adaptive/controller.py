@@ -32,8 +32,7 @@ import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, plan_lengths, predicted_speedup,
-                                         publish_plan)
+                                         plan_lengths, predicted_speedup, publish_plan)
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
 PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
@@ -107,9 +106,6 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
     if block is None or len(head) == k:
         return head
     return np.concatenate([head, block[len(head): k]])
-
-
-_EMPTY = np.zeros(0)
 
 
 class AdaptiveController:
@@ -187,13 +183,12 @@ class AdaptiveController:
         weighed against the best plan from prompt lookup alone, each with its full cost.
         -> (sources, lengths, forecast)."""
         B = len(req_ids)
+        m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
+        table = self._gain_table(req_ids, m)
         plans = []
-        memo: dict = {}  # (request, source, length) -> P: the two passes share most candidates
         for block in (True, False) if self.mode != "ngram" else (False,):
-            chosen = [self._choose(rid, len(t), block, memo) for rid, t in zip(req_ids, lookups)]
-            gains = [p for _, p in chosen]
+            sources, gains = self._choose(table, m, block)
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
-            sources = [src for src, _ in chosen]
             uses = any(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))
             fixed = self.block_cost(B) if uses else 0.0
             plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
@@ -238,7 +233,8 @@ class AdaptiveController:
         step just verified, drafts accepted) for the request's previous proposal."""
         self.score_overlap(req_ids, verified)
         lookups = [self._lookup(h) for h in histories]
-        sources = [self._choose(rid, len(t))[0] for rid, t in zip(req_ids, lookups)]
+        m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=len(lookups))
+        sources = self._choose(self._gain_table(req_ids, m), m)[0]
         ks = [0 if s == "none" else (len(t) if s == "ngram" else self.k_max) for s, t in zip(sources, lookups)]
         self._prune(req_ids)
         return StepPlan(list(req_ids), [0] * len(req_ids), lookups, sources, ks)
@@ -287,38 +283,60 @@ class AdaptiveController:
             return np.zeros(0, dtype=np.int64)
         return prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
 
-    def _candidates(self, m: int, block: bool = True) -> list[tuple[str, int]]:
-        """(source, proposal length) a request with m prompt-lookup tokens can verify. Under 'both' the merge is a
-        candidate of its own only where it differs from both parts (0 < m < k_max). block=False: only what needs no
-        draft forward (the lookup's own tokens)."""
-        k = self.k_max
-        if not block:
-            return [("ngram" if self.mode in ("both", "ngram") else "merged", m)] if m else []
-        if self.mode == "dflash":
-            return [("dflash", k)]
-        if self.mode == "ngram":
-            return [("ngram", m)] if m else []
-        if self.mode == "merged":
-            return [("merged", k)]
-        return [("dflash", k)] + ([("ngram", m)] if m else []) + ([("merged", k)] if 0 < m < k else [])
+    def _gain_table(self, req_ids: list[str], m: np.ndarray) -> dict[str, np.ndarray]:
+        """P(i) (drafts 1..i all accepted) of every request's full-length proposal per source, [B, k_max] each, for
+        requests with m[r] lookup tokens: a merged proposal is prompt lookup's in its first m slots and the
+        block-after-lookup rates ('merged') after them. Only the sources this mode can propose."""
+        names = {"dflash": ("dflash",), "ngram": ("ngram",), "merged": ("ngram", "merged")}.get(
+            self.mode, ("dflash", "ngram", "merged"))
+        rates = {s: self.acceptance.rates_batch(req_ids, s) for s in names}
+        if "merged" in rates:
+            in_lookup = np.arange(self.k_max)[None, :] < m[:, None]  # [B, k_max]
+            rates["merged"] = np.where(in_lookup, rates["ngram"], rates["merged"])
+        return {s: np.cumprod(np.clip(r, 0.0, 1.0), axis=1) for s, r in rates.items()}
 
-    def _choose(self, rid: str, m: int, block: bool = True, memo: dict | None = None) -> tuple[str, np.ndarray]:
-        """The source with the larger expected accepted length Σ P(i) for this request (it depends only on the
-        proposal's length, so the choice precedes the draft forward). memo: (rid, source, length, m) -> (P, Σ P),
-        shared by the calls of one plan (the acceptance model does not change within it).
-        -> (source or 'none', P(i) = probability drafts 1..i are all accepted, over its proposal)."""
-        best, best_sum = ("none", _EMPTY), 0.0
-        for src, n in self._candidates(m, block):
-            key = (rid, src, n, m)
-            hit = memo.get(key) if memo is not None else None
-            if hit is None:
-                p = cumulative_acceptance(self._rates(rid, src, m), n)
-                hit = (p, float(p.sum()))
-                if memo is not None:
-                    memo[key] = hit
-            if hit[1] > best_sum:
-                best, best_sum = (src, hit[0]), hit[1]
-        return best
+    def _choose(self, table: dict[str, np.ndarray], m: np.ndarray, block: bool = True) -> tuple[list[str], np.ndarray]:
+        """Per request, the candidate (`_candidates`: source and proposal length) with the largest expected accepted
+        length Σ P(i) (it depends only on the proposal's length, so the choice precedes the draft forward); the
+        first in candidate order on ties, 'none' when none expects any token. table: `_gain_table`.
+        -> (sources, [B, k_max] P(i) of each chosen proposal, zero past its length and for 'none')."""
+        B, K = len(m), self.k_max
+        cands = self._candidates(block)
+        if not cands:
+            return ["none"] * B, np.zeros((B, K))
+        slot = np.arange(K)[None, :]
+        gains, sums = [], []
+        for src, length, valid in cands:
+            n = {"k": np.full(B, K), "m": m}[length]
+            ok = valid(m)
+            g = np.where((slot < n[:, None]) & ok[:, None], table[src], 0.0)  # [B, K]
+            gains.append(g)
+            sums.append(np.where(ok, g.sum(axis=1), -1.0))
+        sums = np.stack(sums, axis=1)  # [B, candidates]
+        best = np.argmax(sums, axis=1)  # the first of equal candidates
+        chosen = sums[np.arange(B), best] > 0.0
+        names = [c[0] for c in cands]
+        sources = [names[b] if c else "none" for b, c in zip(best.tolist(), chosen.tolist())]
+        out = np.stack(gains, axis=1)[np.arange(B), best] * chosen[:, None]
+        return sources, out
+
+    def _candidates(self, block: bool = True) -> list[tuple]:
+        """(source, proposal length: 'k' = k_max or 'm' = the lookup's, which requests may propose it: m -> [B] bool)
+        in preference order. Under 'both' the merge is a candidate of its own only where it differs from both parts
+        (0 < m < k_max). block=False: only what needs no draft forward (the lookup's own tokens)."""
+        K = self.k_max
+        any_m, always = (lambda m: m > 0), (lambda m: np.ones(len(m), dtype=bool))
+        if not block:
+            if self.mode == "dflash":
+                return []
+            return [("ngram" if self.mode in ("both", "ngram") else "merged", "m", any_m)]
+        if self.mode == "dflash":
+            return [("dflash", "k", always)]
+        if self.mode == "ngram":
+            return [("ngram", "m", any_m)]
+        if self.mode == "merged":
+            return [("merged", "k", always)]
+        return [("dflash", "k", always), ("ngram", "m", any_m), ("merged", "k", lambda m: (m > 0) & (m < K))]
 
     def _rates(self, rid: str, src: str, m: int) -> np.ndarray:
         """[k_max] conditional acceptance by slot of a proposal of `src` from a request with m lookup tokens: a

@@ -9,7 +9,8 @@ probability that the first i drafts are all accepted. The planner picks the k of
 tokens per second of the whole step: sum_r (1 + sum_{i<=k_r} P_r(i)) / T(sum_r (1 + k_r)).
 
 Because P_r(i) falls with i, the best plan takes the globally largest marginal gains first: sort every
-(request, position) gain, evaluate every prefix, keep the best (O(N log N) for N = batch * k_max).
+(request, position) gain, evaluate every prefix, keep the best (O(N log N) for N = batch * k_max, as array
+operations over the whole batch: the planner runs on every step, at every batch size).
 """
 from __future__ import annotations
 
@@ -48,6 +49,21 @@ class AcceptanceModel:
             return g
         a, n = mine
         return (a + self.prior_weight * g) / (n + self.prior_weight)
+
+    def rates_batch(self, req_ids: list[str], source: str) -> np.ndarray:  # [B, k_max]
+        """`rates` of many requests at once (the planner's hot path: one array op instead of one per request)."""
+        g = self.global_rates(source)
+        own = np.zeros((len(req_ids), 2, self.k_max))  # [B, (accepted, attempts), k_max]
+        has = np.zeros(len(req_ids), dtype=bool)
+        for i, rid in enumerate(req_ids):
+            mine = self.req.get(rid)
+            mine = mine.get(source) if mine is not None else None
+            if mine is not None:
+                own[i, 0], own[i, 1] = mine
+                has[i] = True
+        w = self.prior_weight
+        blended = (own[:, 0] + w * g) / (own[:, 1] + w)
+        return np.where(has[:, None], blended, g[None, :])
 
     def observe(self, req_id: str, source: str, num_drafted: int, num_accepted: int, start: int = 0) -> None:
         """One verified proposal: positions 1..accepted were accepted; position accepted+1 (if drafted) rejected.
@@ -110,43 +126,57 @@ class StepCostModel:
         return self.alpha + self.beta * n_tokens
 
 
-def plan_lengths(gains: list[np.ndarray], cost: StepCostModel, extra_tokens: int = 0) -> list[int]:
+def gain_matrix(gains) -> np.ndarray:
+    """gains as `plan_lengths` takes them -> [B, K] float64, zero past each request's proposal (a list of ragged
+    arrays is padded; a 2-D array is used as it is)."""
+    if isinstance(gains, np.ndarray) and gains.ndim == 2:
+        return gains.astype(np.float64, copy=False)
+    K = max((len(g) for g in gains), default=0)
+    out = np.zeros((len(gains), K))
+    for r, g in enumerate(gains):
+        out[r, : len(g)] = g
+    return out
+
+
+def plan_lengths(gains, cost: StepCostModel, extra_tokens: int = 0) -> list[int]:
     """Draft length per request maximising expected tokens per second of the step.
 
-    gains[r][i] = P_r(i+1): probability that drafts 1..i+1 of request r are all accepted (non-increasing in i).
-    extra_tokens: query tokens of the step that are not decodes (e.g. prefill chunks). Returns k_r per request
-    (0 = no speculation for that request)."""
-    B = len(gains)
+    gains[r][i] = P_r(i+1): probability that drafts 1..i+1 of request r are all accepted (non-increasing in i); a
+    list of arrays (request r may verify up to len(gains[r]) drafts) or a [B, K] array, zero where request r has
+    no draft. extra_tokens: query tokens of the step that are not decodes (e.g. prefill chunks). Returns k_r per
+    request (0 = no speculation for that request).
+
+    Every (request, position) gain sorted in decreasing order (stable: request-major on ties), every prefix valued
+    at once; the first best prefix wins. A zero gain never joins a plan (it adds cost, not tokens), so the padding
+    of ragged gains changes nothing."""
+    G = gain_matrix(gains)  # [B, K]
+    B, K = G.shape
     if B == 0:
         return []
-    items = [(float(g), r) for r, gr in enumerate(gains) for g in gr]  # per request already decreasing
-    items.sort(key=lambda x: -x[0])
-    base_tokens = float(B)  # every request yields its bonus token
+    flat = G.ravel()  # request-major, as the per-request lists
+    order = np.argsort(-flat, kind="stable")
     n0 = float(B + extra_tokens)
-    best_val, best_m = base_tokens / cost(n0), 0
-    total = base_tokens
-    for m, (g, _) in enumerate(items, start=1):
-        total += g
-        val = total / cost(n0 + m)
-        if val > best_val:
-            best_val, best_m = val, m
-    k = [0] * B
-    for g, r in items[:best_m]:
-        k[r] += 1
-    return k
+    drafted = np.arange(1, flat.size + 1, dtype=np.float64)
+    vals = np.empty(flat.size + 1)
+    vals[0] = B / cost(n0)
+    vals[1:] = (B + np.cumsum(flat[order])) / cost(n0 + drafted)
+    best_m = int(np.argmax(vals))  # the first maximum: a longer plan must be strictly better
+    return np.bincount(order[:best_m] // max(K, 1), minlength=B).tolist()
 
 
-def predicted_speedup(gains: list[np.ndarray], ks: list[int], cost: StepCostModel, extra_tokens: int = 0,
+def predicted_speedup(gains, ks: list[int], cost: StepCostModel, extra_tokens: int = 0,
                       fixed_seconds: float = 0.0) -> float:
     """The models' own forecast for a plan: expected output tokens/s of the step with lengths ks over the same step
     without drafts (1.0: no gain). gains as for `plan_lengths`; fixed_seconds: a cost the plan adds whatever its
     lengths (the draft forward, when some request verifies DFlash tokens)."""
-    B = len(gains)
+    G = gain_matrix(gains)
+    B, K = G.shape
     if B == 0:
         return 1.0
     n0 = float(B + extra_tokens)
-    drafted = sum(ks)
-    tokens = B + sum(float(np.sum(g[:k])) for g, k in zip(gains, ks))
+    k = np.asarray(ks)
+    drafted = int(k.sum())
+    tokens = B + float(G[np.arange(K)[None, :] < k[:, None]].sum())
     return (tokens / (cost(n0 + drafted) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0))
 
 
