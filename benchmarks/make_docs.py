@@ -54,6 +54,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v7": {"machine": "xeon-bf16"},
     "bench_v9": {"machine": "xeon-bf16"},
     "bench_v10": {"machine": "xeon-bf16"},
+    "bench_v12": {"machine": "xeon-bf16"},
     "bench_v11": {"machine": "xeon-bf16"},
     "bench_v11_c32": {"machine": "xeon-bf16"},
     "bench_v8": {"machine": "xeon-bf16"},
@@ -79,7 +80,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -232,7 +233,9 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v11_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, after the two-regressor step-cost "
+    title = {"bench_v12": "Concurrency 1, 8 and 32 with the planner as array operations over the batch: none, "
+                          "n-gram, adaptive, merged (32 prompts, interleaved)",
+             "bench_v11_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, after the two-regressor step-cost "
                               "fit: none, n-gram, adaptive, merged",
              "bench_v11": "Concurrency 8 and 32 after the two-regressor step-cost fit (T(n, B)): none, n-gram, "
                           "adaptive, merged (32 prompts, interleaved)",
