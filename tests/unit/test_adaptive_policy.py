@@ -471,3 +471,42 @@ def test_batched_source_choice_equals_one_request_at_a_time(mode):
             src, p = _choose_loop(c, rid, int(m[i]), block)
             assert sources[i] == src, (rid, int(m[i]), block)
             assert np.allclose(gains[i, : len(p)], p, rtol=1e-12, atol=0) and not gains[i, len(p):].any()
+
+
+def test_bucketed_cost_separates_the_token_cost_from_the_batch_cost():
+    """Steps of batch 4 and 32 mixed, each costing 10 ms + 2 ms per request + 0.4 ms per query token, with 0..7 drafts
+    per request: the common fit's slope takes in the per-request cost (more requests, more drafts), each bucket's
+    reads the per-token cost, and the planner's model for a bucket is its own once it has enough steps."""
+    from vllm_dflash.adaptive.policy import BucketedStepCost, batch_bucket
+
+    rng = np.random.default_rng(0)
+    costs = BucketedStepCost(min_obs=16)
+    assert costs.model(batch_bucket(32)) is costs.all  # nothing seen yet: the common fit
+    for _ in range(400):
+        B = int(rng.choice([4, 32]))
+        n = B + int(rng.integers(0, 7 * B + 1))
+        costs.observe(batch_bucket(B), n, 0.010 + 0.002 * B + 0.0004 * n)
+    for B in (4, 32):
+        own = costs.model(batch_bucket(B))
+        assert own is costs.buckets[batch_bucket(B)]
+        assert own.beta == pytest.approx(0.0004, rel=0.05), B
+        assert own(B + 3 * B) == pytest.approx(0.010 + 0.002 * B + 0.0004 * 4 * B, rel=0.02)
+    assert costs.all.beta > 0.0006  # the confounded common slope
+
+
+def test_controller_plans_with_its_batch_buckets_cost():
+    """The controller times each step into the bucket of the batch that ran it and plans with that bucket's fit."""
+    from vllm_dflash.adaptive.policy import batch_bucket
+
+    clock = _Clock()
+    c = AdaptiveController(4, mode="ngram", clock=clock)
+    c.costs.min_obs = 3
+    hist = np.array([5, 6, 7, 8, 5, 6])
+    for i in range(6):
+        B = 2 if i % 2 else 8
+        c.plan([f"r{j}" for j in range(B)], [hist] * B, query_tokens=B, decode_only=True)
+        clock.t += 0.05 if B == 2 else 0.2
+    assert set(c.costs.buckets) == {batch_bucket(2), batch_bucket(8)}
+    assert c.costs.buckets[batch_bucket(8)].num_obs == 3 and c.costs.buckets[batch_bucket(2)].num_obs == 2
+    assert c.costs.model(batch_bucket(8)) is c.costs.buckets[batch_bucket(8)]  # 3 steps of its own: its fit
+    assert c.costs.model(batch_bucket(2)) is c.cost  # 2: still the common fit
