@@ -102,7 +102,6 @@ def test_length_planner_learns_per_request_and_guard_turns_off():
     t = [0.0]
     p = LengthPlanner(k_max=4, clock=lambda: t[0])
     p.cost.alpha, p.cost.beta = 0.05, 0.001  # verification almost free: draft what is likely accepted
-    p.costs.min_obs = 10 ** 9  # the common fit throughout (no bucket fit of its own replaces it)
     for _ in range(30):
         ks, dec = p.plan(["good", "bad"])
         t[0] += 0.05

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import (AcceptanceModel, BucketedStepCost, SpeculationGuard, StepCostModel,
-                                         batch_bucket, plan_lengths, predicted_speedup, publish_plan)
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
+                                         plan_lengths, predicted_speedup, publish_plan)
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
 PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
@@ -116,8 +116,7 @@ class AdaptiveController:
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.acceptance = AcceptanceModel(k_max)
-        self.costs = BucketedStepCost()  # the step without the draft forward: T(query tokens), per batch bucket
-        self.cost = self.costs.all  # the fit over every step (the planner's until a bucket has its own)
+        self.cost = StepCostModel()  # the step without the draft forward: T(query tokens)
         self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
@@ -151,7 +150,7 @@ class AdaptiveController:
         if self._last_t is not None and decode_only and query_tokens > 0:
             dt = now - self._last_t - self._block_s
             if dt < 10 * self.cost(query_tokens) + 0.05:  # an idle gap between requests is not a step cost
-                self.costs.observe(max(self._decided_bucket, 0), query_tokens, dt)
+                self.cost.observe(query_tokens, dt)
             else:
                 dt = None
         self._last_t, block_s, self._block_s = now, self._block_s, 0.0
@@ -184,16 +183,15 @@ class AdaptiveController:
         weighed against the best plan from prompt lookup alone, each with its full cost.
         -> (sources, lengths, forecast)."""
         B = len(req_ids)
-        cost = self.costs.model(self._bucket)
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
         table = self._gain_table(req_ids, m)
         plans = []
         for block in (True, False) if self.mode != "ngram" else (False,):
             sources, gains = self._choose(table, m, block)
-            ks = plan_lengths(gains, cost, extra_tokens=extra_tokens)
+            ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
             uses = any(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))
             fixed = self.block_cost(B) if uses else 0.0
-            plans.append((predicted_speedup(gains, ks, cost, extra_tokens, fixed), sources, ks))
+            plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
             if not uses:
                 break  # the plan with the block did not use it: it is the prompt-lookup plan already
         forecast, sources, ks = max(plans, key=lambda x: x[0])
@@ -222,7 +220,7 @@ class AdaptiveController:
             out.append([int(t) for t in toks])
             self._count(f"proposals_{src}")
             self._count(f"drafted_tokens_{src}", k)
-        publish_plan(self.metrics, plan.ks, self.costs.model(self._bucket), self.guard)
+        publish_plan(self.metrics, plan.ks, self.cost, self.guard)
         return out
 
     # ------------------------------------------------------------------ overlap scheduling

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from vllm_dflash.adaptive.policy import (AcceptanceModel, BucketedStepCost, SpeculationGuard, batch_bucket,
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
                                          cumulative_acceptance, plan_lengths, predicted_speedup, publish_plan)
 
 ANY = "any"  # context when prompt lookup is not a source (adaptive "dflash")
@@ -35,8 +35,7 @@ class LengthPlanner:
     def __init__(self, k_max: int, metrics=None, clock=time.perf_counter):
         self.k_max = k_max
         self.acceptance = AcceptanceModel(k_max, prior=dict(CONTEXTS))
-        self.costs = BucketedStepCost()  # T(query tokens) per batch-size bucket
-        self.cost = self.costs.all  # the fit over every step (the planner's until a bucket has its own)
+        self.cost = StepCostModel()
         self.guards: dict[int, SpeculationGuard] = {}
         self.metrics, self.clock = metrics, clock
         self._last_t: float | None = None
@@ -62,12 +61,10 @@ class LengthPlanner:
             self.acceptance.observe(rid, ctx.get(rid, ANY), k, max(0, min(a, k)))
         if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens) + 0.05:
             return  # a prefill step's time is not a decode cost; a long gap is idle time, not a step
-        if decision is None:
-            self.cost.observe(num_tokens, dt)
-            return
-        bucket, arm, _ = decision
-        self.costs.observe(bucket, num_tokens, dt)
-        self.guard(bucket).record(tokens_out, dt, arm=arm)
+        self.cost.observe(num_tokens, dt)
+        if decision is not None:
+            bucket, arm, _ = decision
+            self.guard(bucket).record(tokens_out, dt, arm=arm)
 
     def plan(self, req_ids: list[str], extra_tokens: int = 0,
              contexts: list[str] | None = None) -> tuple[list[int], tuple]:
@@ -80,14 +77,13 @@ class LengthPlanner:
         if not req_ids:
             ks = []
         else:
-            cost = self.costs.model(bucket)
             gains = [cumulative_acceptance(self.acceptance.rates(r, c), self.k_max) for r, c in zip(req_ids, contexts)]
-            ks = plan_lengths(gains, cost, extra_tokens=extra_tokens)
-            g.predict(predicted_speedup(gains, ks, cost, extra_tokens))  # the forecast, in either arm
+            ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+            g.predict(predicted_speedup(gains, ks, self.cost, extra_tokens))  # the forecast, in either arm
             if g.arm == "off":
                 ks = [0] * len(req_ids)
         self._count("proposals_none", sum(1 for k in ks if k == 0))
-        publish_plan(self.metrics, ks, self.costs.model(bucket), g)
+        publish_plan(self.metrics, ks, self.cost, g)
         return ks, (bucket, g.arm, dict(zip(req_ids, contexts)))
 
     def forget(self, live_req_ids) -> None:

@@ -126,34 +126,6 @@ class StepCostModel:
         return self.alpha + self.beta * n_tokens
 
 
-class BucketedStepCost:
-    """Step-cost fits per batch-size bucket (`batch_bucket`) beside one over every step.
-
-    One fit over every batch size confounds the per-token cost with the batch's own: a step with more requests also
-    carries more drafts, so the common slope reads the cost of a request as the cost of its tokens (at batch 32 on
-    a 2-core CPU about twice the marginal cost of a query token). Within a bucket, at steady load one batch size,
-    only the draft count moves n, so the bucket's slope is the marginal cost. A bucket's fit starts from the common
-    one and is used once it has `min_obs` steps of its own; before that, and for batch sizes seen rarely, the
-    common fit is."""
-
-    def __init__(self, min_obs: int = 16):
-        self.all = StepCostModel()
-        self.buckets: dict[int, StepCostModel] = {}
-        self.min_obs = min_obs
-
-    def observe(self, bucket: int, n_tokens: int, seconds: float) -> None:
-        b = self.buckets.get(bucket)
-        if b is None:
-            b = self.buckets[bucket] = StepCostModel(alpha=self.all.alpha, beta=self.all.beta)
-        b.observe(n_tokens, seconds)
-        self.all.observe(n_tokens, seconds)
-
-    def model(self, bucket: int) -> StepCostModel:
-        """The fit the planner uses for a step of this bucket."""
-        b = self.buckets.get(bucket)
-        return b if b is not None and b.num_obs >= self.min_obs else self.all
-
-
 def gain_matrix(gains) -> np.ndarray:
     """gains as `plan_lengths` takes them -> [B, K] float64, zero past each request's proposal (a list of ragged
     arrays is padded; a 2-D array is used as it is)."""
