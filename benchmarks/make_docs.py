@@ -55,6 +55,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v9": {"machine": "xeon-bf16"},
     "bench_v10": {"machine": "xeon-bf16"},
     "bench_v12": {"machine": "xeon-bf16"},
+    "bench_v12_c32": {"machine": "xeon-bf16"},
     "bench_v11": {"machine": "xeon-bf16"},
     "bench_v11_c32": {"machine": "xeon-bf16"},
     "bench_v8": {"machine": "xeon-bf16"},
@@ -77,12 +78,13 @@ PROVENANCE: dict[str, dict[str, str]] = {
                                       "--out benchmarks/results/profile_train_step.json"},
     "soak": {"machine": "epyc-avx2"},
     "train_throughput_xeon": {"machine": "xeon-bf16"},
+    "planner_cost": {"machine": "xeon-bf16"},
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
-         "draft_depth", "train_throughput_xeon", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
+         "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 BENCH_DEFAULTS = {"prompt_sets": ["humaneval", "chat"], "threads": 1, "kv_cache_gib": 2, "max_model_len": 2048,
                   "num_speculative_tokens": 7}
@@ -233,8 +235,10 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v12": "Concurrency 1, 8 and 32 with the planner as array operations over the batch: none, "
-                          "n-gram, adaptive, merged (32 prompts, interleaved)",
+    title = {"bench_v12": "Concurrency 1, 8 and 32 with a step-cost fit per batch-size bucket (reverted after this "
+                          "run): none, n-gram, adaptive, merged (32 prompts, interleaved)",
+             "bench_v12_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, with the per-bucket step-cost "
+                              "fit (reverted after this run): none, n-gram, adaptive, merged",
              "bench_v11_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, after the two-regressor step-cost "
                               "fit: none, n-gram, adaptive, merged",
              "bench_v11": "Concurrency 8 and 32 after the two-regressor step-cost fit (T(n, B)): none, n-gram, "
@@ -508,7 +512,8 @@ def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> li
     return out + hand(notes, stem)
 
 
-MD_SECTIONS = {"hinted_vllm": "Plain draft, hinted draft and prompt lookup through vLLM, each alone (fixed block)",
+MD_SECTIONS = {"planner_cost": "Adaptive planner: host time per engine step against batch size",
+               "hinted_vllm": "Plain draft, hinted draft and prompt lookup through vLLM, each alone (fixed block)",
                "gemv_vllm": "The skinny-GEMM kernel inside vLLM (DFLASH_CPU_GEMV): decode step time off and on",
                "gemv": "The skinny-GEMM kernel in isolation against vLLM's CPU linear"}
 
@@ -519,7 +524,8 @@ def md_section(stem: str, notes: dict[str, str]) -> list[str]:
     body = (RESULTS / f"{stem}.md").read_text().splitlines()
     if body and body[0].startswith("#"):
         body = body[1:]
-    return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem)}", *body, *hand(notes, stem)]
+    plot = [f"![{stem}](../benchmarks/results/{stem}.png)", ""] if (RESULTS / f"{stem}.png").is_file() else []
+    return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem)}", *body, "", *plot, *hand(notes, stem)]
 
 
 def render() -> str:
