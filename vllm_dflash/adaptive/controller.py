@@ -340,7 +340,8 @@ class AdaptiveController:
 
     def _rates(self, rid: str, src: str, m: int) -> np.ndarray:
         """[k_max] conditional acceptance by slot of a proposal of `src` from a request with m lookup tokens: a
-        merged one is prompt lookup's in its first m slots and the block-after-lookup rates ('merged') after."""
+        merged one is prompt lookup's in its first m slots and the block-after-lookup rates ('merged') after. One
+        request at a time: the rule `_gain_table` applies to the whole batch (tests hold the two equal)."""
         rates = self.acceptance.rates(rid, src)
         if src == "merged" and m > 0:
             rates = rates.copy()
