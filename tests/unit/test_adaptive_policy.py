@@ -282,7 +282,7 @@ def test_merged_proposal_is_valued_by_the_lookup_rates_in_its_lookup_slots():
     for _ in range(200):
         c.acceptance.observe("r", "ngram", 2, 2)
         c.acceptance.observe("r", "merged", 4, 2, start=2)  # every tail slot rejected
-    p_merged = np.cumprod(c._rates("r", "merged", 2))[:4]
+    p_merged = c._gain_table(["r"], np.array([2]))["merged"][0]
     p_ngram = np.cumprod(c.acceptance.rates("r", "ngram"))[:2]
     assert np.allclose(p_merged[:2], p_ngram) and p_merged[2] < 0.05
 
@@ -432,6 +432,16 @@ def test_array_planner_equals_the_loop(seed):
     assert plan_lengths(gains, cost, extra) == _plan_lengths_loop(gains, cost, extra)
 
 
+def _rates_one(c: AdaptiveController, rid: str, src: str, m: int) -> np.ndarray:
+    """One request's conditional acceptance by slot for a proposal of `src` with m lookup tokens: a merged one is
+    prompt lookup's in its first m slots and the block-after-lookup rates after (the rule `_gain_table` batches)."""
+    rates = c.acceptance.rates(rid, src)
+    if src == "merged" and m > 0:
+        rates = rates.copy()
+        rates[:m] = c.acceptance.rates(rid, "ngram")[:m]
+    return rates
+
+
 def _choose_loop(c: AdaptiveController, rid: str, m: int, block: bool):
     """One request's source choice as the controller made it one request at a time (the reference for the batch)."""
     K = c.k_max
@@ -442,7 +452,7 @@ def _choose_loop(c: AdaptiveController, rid: str, m: int, block: bool):
             c.mode, [("dflash", K)] + ([("ngram", m)] if m else []) + ([("merged", K)] if 0 < m < K else []))
     best, best_p, best_sum = "none", np.zeros(0), 0.0
     for src, n in cands:
-        p = cumulative_acceptance(c._rates(rid, src, m), n)
+        p = cumulative_acceptance(_rates_one(c, rid, src, m), n)
         if p.sum() > best_sum:
             best, best_p, best_sum = src, p, float(p.sum())
     return best, best_p

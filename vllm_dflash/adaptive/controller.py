@@ -338,16 +338,6 @@ class AdaptiveController:
             return [("merged", "k", always)]
         return [("dflash", "k", always), ("ngram", "m", any_m), ("merged", "k", lambda m: (m > 0) & (m < K))]
 
-    def _rates(self, rid: str, src: str, m: int) -> np.ndarray:
-        """[k_max] conditional acceptance by slot of a proposal of `src` from a request with m lookup tokens: a
-        merged one is prompt lookup's in its first m slots and the block-after-lookup rates ('merged') after. One
-        request at a time: the rule `_gain_table` applies to the whole batch (tests hold the two equal)."""
-        rates = self.acceptance.rates(rid, src)
-        if src == "merged" and m > 0:
-            rates = rates.copy()
-            rates[:m] = self.acceptance.rates(rid, "ngram")[:m]
-        return rates
-
     def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:
         """The full proposal of a source: [k_max] (prompt lookup alone: [m]). Without a block (only possible on a TP
         rank whose own plan differed from the adopted one, which would be a bug; that rank's drafts are dropped) a

@@ -47,8 +47,11 @@ class AcceptanceModel:
         mine = self.req.get(req_id, {}).get(source)
         if mine is None:
             return g
-        a, n = mine
-        return (a + self.prior_weight * g) / (n + self.prior_weight)
+        return self._blend(*mine, g)
+
+    def _blend(self, accepted: np.ndarray, attempts: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """A request's own counts shrunk to the global rates g by `prior_weight` pseudo counts (any leading shape)."""
+        return (accepted + self.prior_weight * g) / (attempts + self.prior_weight)
 
     def rates_batch(self, req_ids: list[str], source: str) -> np.ndarray:  # [B, k_max]
         """`rates` of many requests at once (the planner's hot path: one array op instead of one per request)."""
@@ -61,9 +64,7 @@ class AcceptanceModel:
             if mine is not None:
                 own[i, 0], own[i, 1] = mine
                 has[i] = True
-        w = self.prior_weight
-        blended = (own[:, 0] + w * g) / (own[:, 1] + w)
-        return np.where(has[:, None], blended, g[None, :])
+        return np.where(has[:, None], self._blend(own[:, 0], own[:, 1], g), g[None, :])
 
     def observe(self, req_id: str, source: str, num_drafted: int, num_accepted: int, start: int = 0) -> None:
         """One verified proposal: positions 1..accepted were accepted; position accepted+1 (if drafted) rejected.
