@@ -313,8 +313,9 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
     ts = render_time_split(result["runs"])
     if ts:
         note = ("" if any((r.get("time_split_s") or {}).get("target_forward") for r in result["runs"])
-                else " The target forward was not timed in this run (`DFLASH_PROFILE=1` times it, in eager mode "
-                     "only; runs before it existed have no such figure), so \"host + other\" includes verification.")
+                else " The target forward was not timed in this run (`DFLASH_PROFILE=1` times it; runs before it "
+                     "existed, and compiled runs before 0.2.0, have no such figure), so \"host + other\" includes "
+                     "verification.")
         out += ["Where our drafter's wall time goes (measured in the worker)." + note, "", ts, ""]
     ad = render_adaptive(result["runs"])
     if ad:

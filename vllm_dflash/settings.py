@@ -233,7 +233,7 @@ class ProcessSettings:
         fix="set it to a writable folder path")
     profile: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
-        doc="Time every target forward into vllm_dflash:target_forward_seconds (CPU, --enforce-eager; the serving "
+        doc="Time every target forward into vllm_dflash:target_forward_seconds (CPU, eager or compiled; the serving "
             "benchmark sets it).", fix="use 1 or 0")
     skip_version_check: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,

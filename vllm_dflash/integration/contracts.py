@@ -77,8 +77,8 @@ CONTRACTS: tuple[Contract, ...] = (
         "rows); "
         "`propose` has the signature of `SpecDecodeBaseProposer.propose`; `input_ids` is the draft's input buffer "
         "(re-masked between denoising passes). `load_model(target_model)`: with `DFLASH_PROFILE=1` we wrap that "
-        "instance's `forward` with a host timer (CPU, `enforce_eager`: the runner calls this module once per engine "
-        "step; tests/vllm/test_vllm_serve.py)",
+        "instance's `forward` with a host timer (CPU, eager or compiled: the runner calls this module once per "
+        "engine step; tests/vllm/test_vllm_serve.py, tests/vllm/test_vllm_profile.py)",
         methods=(Sig("__init__", ("vllm_config", "device", "runner"), exact=True),
                  Sig("set_inputs_first_pass", ("target_token_ids", "next_token_ids", "target_positions",
                                                "target_hidden_states", "token_indices_to_sample", "cad",

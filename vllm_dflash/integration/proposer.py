@@ -234,13 +234,12 @@ class DFlashDrafter(DFlashProposer):
 
     def _time_target_forward(self, target_model) -> None:
         """DFLASH_PROFILE=1 (the serving benchmark sets it): time every target forward into the histogram
-        `target_forward_seconds`, so a profile can split verification from host work. CPU and eager mode only (a
-        host clock around an asynchronous GPU launch or a compiled graph would not measure the forward); it
-        wraps this model instance's `forward`, not a vLLM class."""
-        if self.timer.cuda or not self.vllm_config.model_config.enforce_eager or not isinstance(
-                target_model, torch.nn.Module):
-            logger.warning("vllm_dflash: DFLASH_PROFILE=1 times the target forward only on CPU in eager mode "
-                           "(--enforce-eager); not timing it here")
+        `target_forward_seconds`, so a profile can split verification from host work. CPU only: a host clock
+        around an asynchronous GPU launch would not measure the forward, while on CPU the forward (eager or
+        torch.compile'd, whose compiled unit is the inner decoder this method calls) has finished when it returns.
+        It wraps this model instance's `forward`, not a vLLM class."""
+        if self.timer.cuda or not isinstance(target_model, torch.nn.Module):
+            logger.warning("vllm_dflash: DFLASH_PROFILE=1 times the target forward only on CPU; not timing it here")
             return
         inner = target_model.forward
         sink = self.metrics

@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DFLASH_PROFILE=1 under vLLM's default torch.compile (not only --enforce-eager): the worker times every target
+forward, so the benchmark's time split can separate verification from host work on the configuration users run.
+
+Two compiled engines with our drafter on the tiny pair, in one process (the worker's metrics sink is per process, so
+the second engine's counts are read as increments over the first's): without the setting nothing is timed; with it,
+the target forward's histogram holds one observation per target forward (at least one per draft forward, since
+every draft forward follows one) with a positive total."""
+import pytest
+
+from support.vllm_helpers import run_vllm
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = [[5, 9, 13, 17, 21, 9, 13, 17], [7, 11, 7, 11, 7, 11, 30]]
+PROBE = """
+runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+snap = runner.drafter.metrics.snapshot()["hists"]
+probe.update(mode=int(llm.llm_engine.vllm_config.compilation_config.mode),
+             hists={k: {"count": v["count"], "sum": v["sum"]} for k, v in snap.items()})
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(pair):
+    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
+    common = {"model": str(pair / "target"), "prompts": PROMPTS, "max_tokens": 16, "speculative_config": spec,
+              "after": PROBE, "llm_kwargs": {"enforce_eager": False}}
+    return run_vllm([common, {**common, "env": {"DFLASH_PROFILE": "1"}}])
+
+
+def _count(run: dict, hist: str) -> int:
+    return run["probe"]["hists"].get(hist, {"count": 0})["count"]
+
+
+def test_target_forward_timed_when_compiled(runs):
+    """Compiled engine (compilation mode > 0) with DFLASH_PROFILE=1: target forwards observed, at least one per
+    draft forward, with a positive summed time."""
+    before, after = runs
+    assert after["probe"]["mode"] > 0, "the engine was not compiled; this test is about the compiled path"
+    drafts = _count(after, "draft_forward_seconds") - _count(before, "draft_forward_seconds")
+    targets = _count(after, "target_forward_seconds") - _count(before, "target_forward_seconds")
+    assert drafts > 0 and targets >= drafts, after["probe"]
+    assert after["probe"]["hists"]["target_forward_seconds"]["sum"] > 0, after["probe"]
+
+
+def test_no_timer_without_the_setting(runs):
+    """Negative control: the same compiled engine without DFLASH_PROFILE times no target forward."""
+    assert runs[0]["probe"]["mode"] > 0
+    assert _count(runs[0], "draft_forward_seconds") > 0, runs[0]["probe"]
+    assert _count(runs[0], "target_forward_seconds") == 0, runs[0]["probe"]
