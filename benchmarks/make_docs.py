@@ -316,7 +316,7 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
                 else " The target forward was not timed in this run (`DFLASH_PROFILE=1` times it; runs before it "
                      "existed, and compiled runs before 0.2.0, have no such figure), so \"host + other\" includes "
                      "verification.")
-        out += ["Where our drafter's wall time goes (measured in the worker)." + note, "", ts, ""]
+        out += ["Where the wall time goes (measured in the worker)." + note, "", ts, ""]
     ad = render_adaptive(result["runs"])
     if ad:
         out += ["Adaptive drafting choices (share of request-steps by source; acceptance = accepted / drafted "

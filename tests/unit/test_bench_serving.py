@@ -167,9 +167,13 @@ def test_unknown_plugin_keys_make_a_config_unavailable():
 def test_time_split_table():
     row = {"ok": True, "prompt_set": "chat", "concurrency": 1, "config": "ours",
            "time_split_s": {"draft_forward": 2.0, "kv_injection": 0.5, "wall": 10.0}}
-    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | – | 75% |" in report.render_time_split([row])
-    timed = {**row, "time_split_s": {**row["time_split_s"], "target_forward": 6.0}}  # VLLM_DFLASH_PROFILE=1
-    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 60% | 15% |" in report.render_time_split([timed])
+    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | – | 75% | – | – | – |" in report.render_time_split([row])
+    timed = {**row, "time_split_s": {**row["time_split_s"], "target_forward": 6.0, "target_forwards": 200}}
+    # DFLASH_PROFILE=1: 6 s over 200 forwards = 30 ms each; the other 4 s of wall = 20 ms per forward
+    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 60% | 15% | 200 | 30.0 | 20.0 |" in report.render_time_split([timed])
+    ngram = {**row, "config": "ngram", "time_split_s": {"draft_forward": 0.0, "kv_injection": 0.0, "wall": 10.0,
+                                                        "target_forward": 8.0, "target_forwards": 400}}
+    assert "| chat | 1 | ngram | 10.0 | 0% | 0.0% | 80% | 20% | 400 | 20.0 | 5.0 |" in report.render_time_split([ngram])
     assert report.render_time_split([{**row, "time_split_s": None}]) is None
 
 

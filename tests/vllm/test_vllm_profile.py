@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DFLASH_PROFILE=1 under vLLM's default torch.compile (not only --enforce-eager): the worker times every target
-forward, so the benchmark's time split can separate verification from host work on the configuration users run.
+"""DFLASH_PROFILE=1 under vLLM's default torch.compile (not only --enforce-eager), for every speculative method: the
+CPU worker times every target forward (patches/profile_forward.py), so the benchmark's time split separates
+verification from host work for our drafter, vLLM's n-gram drafter and no speculation alike.
 
-Two compiled engines with our drafter on the tiny pair, in one process (the worker's metrics sink is per process, so
-the second engine's counts are read as increments over the first's): without the setting nothing is timed; with it,
-the target forward's histogram holds one observation per target forward (at least one per draft forward, since
-every draft forward follows one) with a positive total."""
+Three compiled engines on the tiny pair, in one process (the worker's metrics sink is per process, so each engine's
+counts are read as increments over the previous one's): our drafter without the setting (nothing timed), our drafter
+with it (at least one target forward per draft forward, since every draft forward follows one, and a positive
+total), vLLM's n-gram drafter with it (one target forward per engine step at least, with a positive total)."""
 import pytest
 
 from support.vllm_helpers import run_vllm
@@ -26,7 +27,11 @@ def runs(pair):
     spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
     common = {"model": str(pair / "target"), "prompts": PROMPTS, "max_tokens": 16, "speculative_config": spec,
               "after": PROBE, "llm_kwargs": {"enforce_eager": False}}
-    return run_vllm([common, {**common, "env": {"DFLASH_PROFILE": "1"}}])
+    ngram = {**common, "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                              "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+             "env": {"DFLASH_PROFILE": "1"}, "after": PROBE.replace("runner.drafter.metrics", "MetricsSink.get()")}
+    ngram["after"] = "from vllm_dflash.serve.metrics import MetricsSink\n" + ngram["after"]
+    return run_vllm([common, {**common, "env": {"DFLASH_PROFILE": "1"}}, ngram])
 
 
 def _count(run: dict, hist: str) -> int:
@@ -36,7 +41,7 @@ def _count(run: dict, hist: str) -> int:
 def test_target_forward_timed_when_compiled(runs):
     """Compiled engine (compilation mode > 0) with DFLASH_PROFILE=1: target forwards observed, at least one per
     draft forward, with a positive summed time."""
-    before, after = runs
+    before, after = runs[:2]
     assert after["probe"]["mode"] > 0, "the engine was not compiled; this test is about the compiled path"
     drafts = _count(after, "draft_forward_seconds") - _count(before, "draft_forward_seconds")
     targets = _count(after, "target_forward_seconds") - _count(before, "target_forward_seconds")
@@ -49,3 +54,15 @@ def test_no_timer_without_the_setting(runs):
     assert runs[0]["probe"]["mode"] > 0
     assert _count(runs[0], "draft_forward_seconds") > 0, runs[0]["probe"]
     assert _count(runs[0], "target_forward_seconds") == 0, runs[0]["probe"]
+
+
+def test_target_forward_timed_for_ngram(runs):
+    """vLLM's n-gram drafter, compiled, DFLASH_PROFILE=1: its target forwards are timed too (the timer is not tied to
+    our drafter): more observations than the previous engine left, with a positive added time."""
+    before, after = runs[1:]
+    assert after["probe"]["mode"] > 0
+    assert _count(after, "target_forward_seconds") > _count(before, "target_forward_seconds"), after["probe"]
+    added = (after["probe"]["hists"]["target_forward_seconds"]["sum"]
+             - before["probe"]["hists"]["target_forward_seconds"]["sum"])
+    assert added > 0, after["probe"]
+    assert _count(after, "draft_forward_seconds") == _count(before, "draft_forward_seconds"), "n-gram ran no draft"

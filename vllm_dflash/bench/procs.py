@@ -39,3 +39,33 @@ def process_layout(pgid: int) -> list[dict[str, Any]]:
         procs.append({"pid": pid, "cmd": cmd[:100], "cpus_allowed": status.get("Cpus_allowed_list", "?").strip(),
                       "threads": int(status.get("Threads", "0").strip() or 0)})
     return procs
+
+
+def group_thread_cpu_s(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every thread of one server, summed per "process/thread" name: the
+    process as vLLM titles it (its `comm`: API server, engine core, workers), the thread as `main` (the process's own
+    thread) or its `comm` (OpenMP workers inherit the process's name; Python threads are named by their creator).
+    Threads that ended are not counted, so take deltas over a span the threads outlive."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for pid, _ in _group_stats(pgid):
+        try:
+            proc = Path(f"/proc/{pid}/comm").read_text().strip()
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone meanwhile
+        for tid in tids:
+            try:
+                raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            name = "main" if int(tid) == pid else raw[raw.index("(") + 1:raw.rindex(")")]
+            f = raw.rsplit(")", 1)[1].split()
+            key = f"{proc}/{name}"
+            out[key] = out.get(key, 0.0) + (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per-thread-name CPU seconds used between two `group_thread_cpu_s` readings (names that appeared count from 0)."""
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}

@@ -111,21 +111,26 @@ def render_adaptive(runs: list[dict[str, Any]]) -> str | None:
 
 
 def render_time_split(runs: list[dict[str, Any]]) -> str | None:
-    """Where the wall time of our drafter's runs goes, all measured in the worker: draft forward, KV injection,
-    target forward (verification: the target's pass over [token, drafts] per request), and the rest (sampling,
-    rejection, input preparation, scheduling and other host work not overlapped)."""
+    """Where a run's wall time goes, measured in the worker: our draft forward and KV injection (our drafter only),
+    the target forward (verification: the target's pass over [token, drafts] per request; every configuration since
+    0.2.0), and the rest (sampling, rejection, input preparation, other drafters, scheduling and other host work not
+    overlapped); per target forward (one per engine step), its time and the rest of the wall time."""
     rows = [r for r in runs if r.get("ok") and r.get("time_split_s")]
     if not rows:
         return None
     lines = ["| prompts | concurrency | configuration | wall s | draft forward | KV injection | target forward "
-             "(verify) | host + other |", "|---|---|---|---|---|---|---|---|"]
+             "(verify) | host + other | target forwards | ms per forward | other ms per forward |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["time_split_s"]
         w = t["wall"] or 1.0
         tf = t.get("target_forward", 0.0)
         rest = max(w - t["draft_forward"] - t["kv_injection"] - tf, 0.0)
+        n = t.get("target_forwards") or 0
+        per = f"{tf / n * 1e3:.1f} | {(w - tf) / n * 1e3:.1f}" if n and tf else "– | –"
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {w:.1f} | {t['draft_forward'] / w:.0%} "
-                     f"| {t['kv_injection'] / w:.1%} | {_f(tf / w if tf else None, '{:.0%}')} | {rest / w:.0%} |")
+                     f"| {t['kv_injection'] / w:.1%} | {_f(tf / w if tf else None, '{:.0%}')} | {rest / w:.0%} "
+                     f"| {n or '–'} | {per} |")
     return "\n".join(lines)
 
 
@@ -210,7 +215,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             render_acceptance(result["runs"]), ""]
     ts = render_time_split(result["runs"])
     if ts:
-        out += ["## Where our drafter's time goes (share of wall time)", "", ts, ""]
+        out += ["## Where the wall time goes (share of wall time; per target forward)", "", ts, ""]
     ad = render_adaptive(result["runs"])
     if ad:
         out += ["## Adaptive drafting choices (share of request-steps by source)", "", ad, ""]

@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm_dflash import settings
 from vllm_dflash.bench import limit, stats
-from vllm_dflash.bench.procs import group_cpu_s, process_layout
+from vllm_dflash.bench.procs import cpu_delta, group_cpu_s, group_thread_cpu_s, process_layout
 from vllm_dflash.serve import tau
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
@@ -197,10 +197,13 @@ def _measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
     before = settled_metrics(server)
     load0 = os.getloadavg()[0]
     idle0 = [group_cpu_s(o.proc.pid) for o in others]
+    threads0 = group_thread_cpu_s(server.proc.pid)
     reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
+    threads = cpu_delta(threads0, group_thread_cpu_s(server.proc.pid))  # before the scrape below adds its own
     after = settled_metrics(server)
     idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others, idle0)) if others else None
-    return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle}
+    return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle,
+            "threads_cpu_s": threads}
 
 
 def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -> dict[str, Any]:
@@ -213,6 +216,11 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
                loadavg_1m=[waves[0]["load"][0], waves[-1]["load"][1]])
     if any(w["idle_cpu_s"] is not None for w in waves):  # other servers were up (interleaved mode)
         run["idle_servers_cpu_s"] = round(sum(w["idle_cpu_s"] or 0.0 for w in waves), 2)
+    threads: dict[str, float] = {}  # this server's CPU seconds per process/thread name while it served the run
+    for w in waves:
+        for k, v in w.get("threads_cpu_s", {}).items():
+            threads[k] = round(threads.get(k, 0.0) + v, 3)
+    run["server_threads_cpu_s"] = threads
     # counter deltas of the run, summed over its waves (one wave: after - before), compared with an empty `before`
     before: dict[str, float] = {}
     after = stats.sum_deltas([(w["before"], w["after"]) for w in waves])
@@ -224,7 +232,11 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
              for k in ("draft_forward", "kv_injection", "target_forward")}
     draft_s = split["draft_forward"] + split["kv_injection"]
     run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None
-    run["time_split_s"] = {**split, "wall": run["wall_s"]} if draft_s > 0 else None
+    # every configuration's worker times its target forwards (DFLASH_PROFILE=1, patches/profile_forward.py)
+    forwards = (after.get("vllm_dflash:target_forward_seconds_count", 0.0)
+                - before.get("vllm_dflash:target_forward_seconds_count", 0.0))
+    run["time_split_s"] = ({**split, "wall": run["wall_s"], "target_forwards": int(forwards)}
+                           if draft_s > 0 or split["target_forward"] > 0 else None)
     # our gauges at the end of the run (step-cost fit, guard rates): state, not deltas, so the last scrape's values
     last = waves[-1]["after"]
     gauges = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("vllm_dflash:")

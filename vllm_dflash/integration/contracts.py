@@ -76,9 +76,7 @@ CONTRACTS: tuple[Contract, ...] = (
         "injection, integration/deferred_context.py, builds the same inputs itself after one injection of the held "
         "rows); "
         "`propose` has the signature of `SpecDecodeBaseProposer.propose`; `input_ids` is the draft's input buffer "
-        "(re-masked between denoising passes). `load_model(target_model)`: with `DFLASH_PROFILE=1` we wrap that "
-        "instance's `forward` with a host timer (CPU, eager or compiled: the runner calls this module once per "
-        "engine step; tests/vllm/test_vllm_serve.py, tests/vllm/test_vllm_profile.py)",
+        "(re-masked between denoising passes); `load_model(target_model)` gets the loaded target",
         methods=(Sig("__init__", ("vllm_config", "device", "runner"), exact=True),
                  Sig("set_inputs_first_pass", ("target_token_ids", "next_token_ids", "target_positions",
                                                "target_hidden_states", "token_indices_to_sample", "cad",
@@ -330,6 +328,15 @@ CONTRACTS: tuple[Contract, ...] = (
                                                  "spec_decode_metadata", "common_attn_metadata", "slot_mappings"))),
         patch="cpu_omp_threads",
         test="tests/vllm/test_vllm_patches.py::test_numba_ngram_drops_omp_threads"),
+    Contract(
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", "method",
+        "integration/patches/profile_forward.py",
+        "wrapped: with `DFLASH_PROFILE=1`, after it returns we wrap `self.model`'s `forward` (that instance) with a "
+        "host timer",
+        "it sets `self.model` to the loaded target (an `nn.Module`), which the runner calls once per engine step "
+        "(`_model_forward`); on CPU that call has finished the forward when it returns, eager or compiled",
+        params=("load_dummy_weights",), source=("self.model = get_model(",), patch="profile_forward",
+        test="tests/vllm/test_vllm_profile.py, tests/vllm/test_vllm_serve.py::test_serve_end_to_end"),
     Contract(
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner._sample", "method", "integration/patches/cpu_plain_sample.py",
         "wrapped: a batch whose `spec_decode_metadata.max_spec_len` is 0 is sampled as `_sample(logits, None)`",

@@ -43,7 +43,7 @@ from vllm_dflash import settings
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
-from vllm_dflash.serve.metrics import MetricsSink
+from vllm_dflash.serve.metrics import MetricsSink, is_output_rank
 
 logger = init_logger(__name__)
 
@@ -94,19 +94,6 @@ def _tp_group():
     return group if group.world_size > 1 else None
 
 
-def _is_output_rank() -> bool:
-    """Is this worker the one whose output reaches the scheduler (TP rank 0 of the last PP stage, vLLM's
-    `_get_output_rank`)? True without vLLM's distributed state."""
-    try:
-        from vllm.distributed.parallel_state import get_pp_group, get_tp_group, model_parallel_is_initialized
-
-        if not model_parallel_is_initialized():
-            return True
-        return get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank
-    except Exception:  # noqa: BLE001 - no distributed state: a single rank
-        return True
-
-
 def sync_plan_across_tp(plan, group):
     """Every TP rank adopts TP rank 0's adaptive plan (sources, lengths, whether the draft forward runs), so the
     forward, with its all-reduces / all-gathers, runs on every rank or on none, whatever made the plans differ (each
@@ -146,7 +133,7 @@ class DFlashDrafter(DFlashProposer):
                              f"{self.diffusion_steps}. Fix: set speculative_config.diffusion_steps to 1")
         self.confidence_threshold = self.settings.confidence_threshold
         # only the output rank publishes (merged() sums snapshots: TP = 2 would count every event twice)
-        self.metrics = MetricsSink.get() if _is_output_rank() else MetricsSink.disabled()
+        self.metrics = MetricsSink.get() if is_output_rank() else MetricsSink.disabled()
         self._plan_diverged = False  # logged once per process
         self.timer = _StepTimer(torch.device(device))
         self.metrics.set("diffusion_steps", self.diffusion_steps)
@@ -211,8 +198,6 @@ class DFlashDrafter(DFlashProposer):
             raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
                                "model registration overridden? (check VLLM_PLUGINS)")
         self._check_tp_shards()
-        if settings.process_setting("profile"):
-            self._time_target_forward(target_model)
 
     def _check_tp_shards(self) -> None:
         """Load-time invariants of the sharded draft (dev/TP_DESIGN.md 1a): each rank holds its own KV heads
@@ -231,28 +216,6 @@ class DFlashDrafter(DFlashProposer):
         if w is not None and w.num_kv_heads != expected:
             raise RuntimeError(f"vllm_dflash: KV injection weights for {w.num_kv_heads} KV heads on this rank; the "
                                f"draft's attention has {expected} (tensor_parallel_size={self.tp_size})")
-
-    def _time_target_forward(self, target_model) -> None:
-        """DFLASH_PROFILE=1 (the serving benchmark sets it): time every target forward into the histogram
-        `target_forward_seconds`, so a profile can split verification from host work. CPU only: a host clock
-        around an asynchronous GPU launch would not measure the forward, while on CPU the forward (eager or
-        torch.compile'd, whose compiled unit is the inner decoder this method calls) has finished when it returns.
-        It wraps this model instance's `forward`, not a vLLM class."""
-        if self.timer.cuda or not isinstance(target_model, torch.nn.Module):
-            logger.warning("vllm_dflash: DFLASH_PROFILE=1 times the target forward only on CPU; not timing it here")
-            return
-        inner = target_model.forward
-        sink = self.metrics
-
-        def forward(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                sink.observe("target_forward_seconds", time.perf_counter() - t0)
-
-        target_model.forward = forward
-        logger.info("vllm_dflash: DFLASH_PROFILE=1: timing the target forward (metric target_forward_seconds)")
 
     @override
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,

@@ -287,6 +287,19 @@ class DFlashCollector:
             yield c
 
 
+def is_output_rank() -> bool:
+    """Is this worker the one whose output reaches the scheduler, so the one that publishes worker metrics (TP rank 0
+    of the last PP stage, vLLM's `_get_output_rank`)? True without vLLM's distributed state."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group, model_parallel_is_initialized
+
+        if not model_parallel_is_initialized():
+            return True
+        return get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank
+    except Exception:  # noqa: BLE001 - no distributed state: a single rank
+        return True
+
+
 _COLLECTOR_REGISTERED = False
 
 
