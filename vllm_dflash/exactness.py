@@ -109,17 +109,26 @@ def top_tokens(url: str, ids: list[int], model: str = "target", timeout: float =
 
 
 def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, other_text: str,
-            dtype: str) -> Divergence | None:
-    """Where two greedy outputs for `item` first differ and the target's logprob margin there (None: identical)."""
-    a = tokenizer.encode(base_text, add_special_tokens=False)
-    b = tokenizer.encode(other_text, add_special_tokens=False)
+            dtype: str, ids: tuple[list[int], list[int], list[int]] | None = None) -> Divergence | None:
+    """Where two greedy outputs for `item` first differ and the target's logprob margin there (None: identical).
+
+    ids: (prompt, base output, other output) token ids as the servers produced them; the comparison and the judging
+    prefill then use exactly the tokens the model saw. Without them the texts are re-encoded and the prompt is
+    rebuilt from the chat template, which can differ from what the model generated (a text has several
+    tokenisations) and put the judged token after a different prefix."""
+    if ids is not None:
+        prompt, a, b = (list(x) for x in ids)
+    else:
+        prompt = None
+        a = tokenizer.encode(base_text, add_special_tokens=False)
+        b = tokenizer.encode(other_text, add_special_tokens=False)
     i = first_difference(a, b)
     if i is None:
         return None
     # an output that ended there ended with the end-of-sequence token (or its length limit)
     tid = lambda ids: ids[i] if i < len(ids) else tokenizer.eos_token_id  # noqa: E731
     try:
-        best = top_tokens(url, prompt_ids(tokenizer, item) + a[:i])
+        best = top_tokens(url, (prompt if prompt is not None else prompt_ids(tokenizer, item)) + a[:i])
     except (OSError, KeyError, IndexError, ValueError):
         best = []
     lp = dict(best)

@@ -40,6 +40,11 @@ def test_bench_quick_tiny_pair(pair, tmp_path):
     assert ours["vs_baseline"]["compared"] == 2
     assert ours["vs_baseline"]["identical"] == 2, ours["vs_baseline"]["mismatches"]
     assert res["losslessness"]["mismatches"] == 0
+    # compared on the servers' token ids (kept out of the stored runs), every configuration's forward timed
+    assert all("token_ids" not in r for r in res["runs"])
+    assert ours["exactness"]["compared"] == ours["exactness"]["identical"] == 2
+    assert none["time_split_s"]["target_forward"] > 0 and none["time_split_s"]["target_forwards"] > 0
+    assert any(k.endswith("/main") for k in none["server_threads_cpu_s"]), none["server_threads_cpu_s"]
     assert res["meta"]["layout"]["omp_num_threads"] == 1 and res["configs"]["ours"]["processes"]
     for f in ("tiny.md", "tiny-speedup.png", "tiny-acceptance.png"):
         assert (tmp_path / f).stat().st_size > 0

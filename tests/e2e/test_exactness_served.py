@@ -48,6 +48,13 @@ def test_bf16_divergences_are_near_ties(pair, tmp_path):
         doctored = tok.decode(ids[:3]) + wrong + tok.decode(ids[4:])
         d = ex.explain(srv.url, tok, {"prompt": PROMPTS[0]}, base["texts"][0], doctored, "bfloat16")
         assert d is not None and not d.near_tie, d
+        # the bench's streaming client gets the server's own token ids (what greedy outputs are compared on)
+        from vllm_dflash.bench.client import run_load
+
+        (r,) = run_load(srv.url, [{"id": "a", "messages": [{"role": "user", "content": PROMPTS[3]}]}], 1, 12)
+        assert len(r["token_ids"]) == r["completion_tokens"] > 0, r
+        assert r["prompt_token_ids"] and len(r["prompt_token_ids"]) == r["prompt_tokens"], r
+        assert tok.decode(r["token_ids"], skip_special_tokens=True) == r["text"], r
 
 
 def _top(url, ids, n):

@@ -83,6 +83,28 @@ def test_a_divergence_the_text_cannot_locate_is_not_judged(monkeypatch):
     assert summarize(2, [d2], "bfloat16")["real"] == 1
 
 
+def test_server_token_ids_locate_and_judge_the_divergence(monkeypatch):
+    """With the servers' token ids, the same texts are compared on the tokens the model produced: the baseline's "o",
+    "u", "t" against "o", "y" differ at index 1 (not at 0, where the re-encoded "ou" would put it), and the judging
+    prefill is the server's prompt ids plus the common prefix [2]; "u" is the target's choice there."""
+    seen = []
+
+    def top(url, ids, **k):
+        seen.append(list(ids))
+        return [(3, -0.2), (6, -0.4), (1, -5.0)]
+
+    monkeypatch.setattr(ex, "top_tokens", top)
+    d = ex.explain("http://x", _Tok(), {"prompt": "ignored: the server's prompt ids are used"}, "out", "oy",
+                   "bfloat16", ids=([9, 1], [2, 3, 5], [2, 6]))
+    assert seen == [[9, 1, 2]]
+    assert d.index == 1 and d.base_token == "u" and d.other_token == "y" and d.judged
+    assert d.margin == pytest.approx(0.2) and d.near_tie
+    assert ex.explain("http://x", _Tok(), {}, "ou", "ou", "bfloat16", ids=([9], [4], [4])) is None
+    # identical texts, different tokens ("ou" as one token vs "o", "u"): a divergence, judged at its first token
+    d2 = ex.explain("http://x", _Tok(), {}, "ou", "ou", "bfloat16", ids=([9], [4], [2, 3]))
+    assert d2.index == 0 and d2.base_token == "ou" and d2.other_token == "o" and not d2.judged
+
+
 def test_default_dtype_on_both_cpu_kinds(monkeypatch):
     """The fast dtype per CPU kind (bf16 with avx512_bf16, else fp32), whichever kind runs the test."""
     import torch

@@ -16,10 +16,14 @@ from typing import Any
 async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: bool,
                sem: asyncio.Semaphore) -> dict[str, Any]:
     async with sem:
-        extra = {"ignore_eos": True} if ignore_eos else None
+        # the server's own token ids (prompt in the first chunk, each chunk's new tokens): greedy outputs are compared
+        # and judged on them, not on a re-encoding of the text (which need not give the tokens the model produced)
+        extra = {"return_token_ids": True, **({"ignore_eos": True} if ignore_eos else {})}
         t0 = time.perf_counter()
         t_first: float | None = None
         parts: list[str] = []
+        token_ids: list[int] = []
+        prompt_ids: list[int] | None = None
         usage = None
         finish = None
         chunks = 0
@@ -29,9 +33,12 @@ async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: b
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
+            if prompt_ids is None and getattr(chunk, "prompt_token_ids", None):
+                prompt_ids = list(chunk.prompt_token_ids)
             if not chunk.choices:
                 continue
             choice = chunk.choices[0]
+            token_ids += getattr(choice, "token_ids", None) or []
             text = choice.delta.content if choice.delta else None
             if text:
                 if t_first is None:
@@ -42,7 +49,8 @@ async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: b
         t1 = time.perf_counter()
         if usage is None:
             raise RuntimeError(f"bench: no usage record in the stream for prompt {item['id']!r}")
-        return {"id": item["id"], "text": "".join(parts), "completion_tokens": int(usage.completion_tokens),
+        return {"id": item["id"], "text": "".join(parts), "token_ids": token_ids, "prompt_token_ids": prompt_ids,
+                "completion_tokens": int(usage.completion_tokens),
                 "prompt_tokens": int(usage.prompt_tokens), "chunks": chunks, "finish_reason": finish, "t_start": t0, "t_end": t1,
                 "ttft_s": (t_first - t0) if t_first is not None else None, "latency_s": t1 - t0}
 
@@ -62,7 +70,8 @@ async def _run(base_url: str, items: list[dict[str, Any]], concurrency: int, max
 def run_load(base_url: str, items: list[dict[str, Any]], concurrency: int, max_tokens: int,
              ignore_eos: bool = False) -> list[dict[str, Any]]:
     """Send every item (a dict with `id` and chat `messages`), `concurrency` at a time, greedy; per request:
-    id, text, completion/prompt tokens, finish reason, start/end times, TTFT and latency (seconds)."""
+    id, text, the server's output and prompt token ids, completion/prompt tokens, finish reason, start/end times,
+    TTFT and latency (seconds)."""
     if concurrency < 1:
         raise ValueError(f"bench: concurrency {concurrency} < 1")
     return asyncio.run(_run(base_url, items, concurrency, max_tokens, ignore_eos))

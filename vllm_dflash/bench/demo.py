@@ -3,7 +3,6 @@
 speculation, real HumanEval chat prompts through the OpenAI client; prints τ and the speedup."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -15,17 +14,26 @@ logger = get_logger(__name__)
 
 
 
-def _drive(server, prompts: list[list[dict]], max_tokens: int) -> tuple[list[str], int, float]:
+def _drive(server, prompts: list[list[dict]], max_tokens: int) -> tuple[list[str], list[tuple], int, float]:
+    """One request at a time -> texts, (prompt ids, output ids) as the server produced them, tokens, seconds."""
     from openai import OpenAI
 
     client = OpenAI(base_url=server.url + "/v1", api_key="none")
     client.chat.completions.create(model="target", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)  # warm-up
-    texts, n_tokens, t0 = [], 0, time.perf_counter()
+    texts, ids, n_tokens, t0 = [], [], 0, time.perf_counter()
     for messages in prompts:
-        r = client.chat.completions.create(model="target", messages=messages, max_tokens=max_tokens, temperature=0.0)
+        r = client.chat.completions.create(model="target", messages=messages, max_tokens=max_tokens, temperature=0.0,
+                                           extra_body={"return_token_ids": True})
         texts.append(r.choices[0].message.content)
+        ids.append((getattr(r, "prompt_token_ids", None), getattr(r.choices[0], "token_ids", None)))
         n_tokens += r.usage.completion_tokens
-    return texts, n_tokens, time.perf_counter() - t0
+    return texts, ids, n_tokens, time.perf_counter() - t0
+
+
+def _ids(base: tuple, other: tuple) -> tuple[list[int], list[int], list[int]] | None:
+    """(prompt, base output, other output) ids for exactness.explain when the servers returned them all."""
+    (prompt, a), (_, b) = base, other
+    return (prompt, a, b) if prompt and a is not None and b is not None else None
 
 
 def demo_configs(draft_dir: Path, block_size: int) -> list[tuple[str, dict | None]]:
@@ -100,14 +108,15 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
                 timeout=900 if eager else 1500) as srv:
             start_s = time.perf_counter() - t0
             before = srv.metrics()
-            texts, n, dt = _drive(srv, prompts, max_tokens)
+            texts, ids, n, dt = _drive(srv, prompts, max_tokens)
             after = srv.metrics()
             sd = tau.spec_decode(after, before)  # one request at a time: an engine step is a request-step
-            r = {"texts": texts, "tokens": n, "seconds": dt, "tok_s": n / dt, "start_s": start_s,
+            r = {"texts": texts, "ids": ids, "tokens": n, "seconds": dt, "tok_s": n / dt, "start_s": start_s,
                  "tau": sd["tau"] if sc else None, "per_forward": sd["tokens_per_engine_step"]}
             if sc is not None:  # explain each differing output on this server (the target's top-2 margin there)
-                base = results["no speculation"]["texts"]
-                divs = [d for it, a, b in zip(items, base, texts) if (d := explain(srv.url, tok, it, a, b, dtype))]
+                base = results["no speculation"]
+                divs = [d for it, a, b, ia, ib in zip(items, base["texts"], texts, base["ids"], ids)
+                        if (d := explain(srv.url, tok, it, a, b, dtype, ids=_ids(ia, ib)))]
                 r["exact"] = summarize(len(texts), divs, dtype)
         results[name] = r
     print(f"\nSmolLM2-135M-Instruct, {len(prompts)} HumanEval chat prompts, greedy, max_tokens {max_tokens}, "

@@ -246,6 +246,8 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
     run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
     run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
     run["outputs"] = {r["id"]: r["text"] for r in reqs}
+    # the server's token ids, for the exactness check only (_finish_run takes them out before the run is stored)
+    run["token_ids"] = {r["id"]: {"prompt": r.get("prompt_token_ids"), "output": r.get("token_ids")} for r in reqs}
     return run
 
 
@@ -270,14 +272,15 @@ def _losslessness(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if r.get("vs_baseline"):
             v = per.setdefault(r["config"], {"identical": 0, "compared": 0, "near_ties": 0, "real": 0, "unjudged": 0,
                                              "margins": []})
-            v["identical"] += r["vs_baseline"]["identical"]
-            v["compared"] += r["vs_baseline"]["compared"]
-            ex = r.get("exactness") or {}
-            v["near_ties"] += ex.get("near_ties", 0)
-            v["margins"] += [d["margin"] for d in ex.get("divergences", []) if d["near_tie"]]
-            v["unjudged"] += ex.get("unjudged", 0)
-            v["real"] += (r["vs_baseline"]["compared"] - r["vs_baseline"]["identical"] - ex.get("near_ties", 0)
-                          - ex.get("unjudged", 0))
+            ex = r.get("exactness")
+            if ex:  # judged on the servers' token ids (or the texts where a run has none)
+                for k in ("identical", "compared", "near_ties", "real", "unjudged"):
+                    v[k] += ex.get(k, 0)
+                v["margins"] += [d["margin"] for d in ex.get("divergences", []) if d["near_tie"]]
+            else:  # not judged: every text difference counts as real
+                v["identical"] += r["vs_baseline"]["identical"]
+                v["compared"] += r["vs_baseline"]["compared"]
+                v["real"] += r["vs_baseline"]["compared"] - r["vs_baseline"]["identical"]
     return {"per_config": per, "mismatches": sum(v["compared"] - v["identical"] for v in per.values()),
             "real": sum(v["real"] for v in per.values()), "unjudged": sum(v["unjudged"] for v in per.values())}
 
@@ -314,16 +317,26 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
 
 
-def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: dict[str, str],
-               outputs: dict[str, str]) -> dict[str, Any]:
+def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: dict[str, Any],
+               run: dict[str, Any]) -> dict[str, Any]:
     """Greedy outputs vs `none` on the same prompts; each difference explained by the target's top-2 logprob margin
-    at its first differing token (vllm_dflash.exactness: float32 must be identical, bf16 may differ at near-ties)."""
+    at its first differing token (vllm_dflash.exactness: float32 must be identical, bf16 may differ at near-ties).
+    Compared on the servers' token ids where both runs have them (else on the re-encoded text)."""
     from vllm_dflash.exactness import explain, summarize
 
     by_id = {it["id"]: it for it in items}
-    ids = [i for i in outputs if i in base]
-    divs = [d for i in ids if base[i] != outputs[i]
-            and (d := explain(server.url, tokenizer, by_id[i], base[i], outputs[i], server.dtype))]
+    outputs, tok = run["outputs"], run.get("token_ids") or {}
+    ids = [i for i in outputs if i in base["outputs"]]
+    divs = []
+    for i in ids:
+        a, b = (base["token_ids"].get(i) or {}), (tok.get(i) or {})
+        exact = bool(a.get("output") is not None and b.get("output") is not None and a.get("prompt"))
+        if (a["output"] == b["output"]) if exact else (base["outputs"][i] == outputs[i]):
+            continue
+        d = explain(server.url, tokenizer, by_id[i], base["outputs"][i], outputs[i], server.dtype,
+                    ids=(a["prompt"], a["output"], b["output"]) if exact else None)
+        if d:
+            divs.append(d)
     return summarize(len(ids), divs, server.dtype)
 
 
@@ -353,14 +366,15 @@ def _start_and_warm(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompt
 
 
 def _finish_run(run: dict[str, Any], server: Any, cfg: BenchConfig, items: list[dict[str, Any]],
-                baseline: dict[tuple[str, int], dict[str, str]], tokenizer: Any, t_start: float) -> dict[str, Any]:
+                baseline: dict[tuple[str, int], dict[str, Any]], tokenizer: Any, t_start: float) -> dict[str, Any]:
     """`none` records its outputs as the baseline; any other configuration's greedy outputs are explained against it
     on its own server (still up)."""
     key = (run["prompt_set"], run["concurrency"])
     if run["ok"] and cfg.name == "none":
-        baseline[key] = run["outputs"]
+        baseline[key] = {"outputs": run["outputs"], "token_ids": run.get("token_ids") or {}}
     elif run["ok"] and baseline.get(key) is not None:
-        run["exactness"] = _exactness(server, tokenizer, items, baseline[key], run["outputs"])
+        run["exactness"] = _exactness(server, tokenizer, items, baseline[key], run)
+    run.pop("token_ids", None)  # compared above; not stored (the texts are)
     print(f"[{time.time() - t_start:6.0f}s] {cfg.name:13s} {run['prompt_set']:10s} c{run['concurrency']:<3d} "
           + (f"{run['output_tok_s']:7.1f} tok/s  tau {_tau(run)}" if run["ok"] else run["error"]), flush=True)
     return run
@@ -368,7 +382,7 @@ def _finish_run(run: dict[str, Any], server: Any, cfg: BenchConfig, items: list[
 
 def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts: dict[str, list[dict[str, Any]]],
                   levels: list[int], a: argparse.Namespace, t_start: float,
-                  baseline: dict[tuple[str, int], dict[str, str]], tokenizer: Any) -> list[dict[str, Any]]:
+                  baseline: dict[tuple[str, int], dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
     """Start one configuration's server, warm it up, run every prompt set x concurrency level, stop it.
     `baseline`: the outputs of `none` per (prompt set, concurrency), filled when `none` runs (it runs first)."""
     if not _start_and_warm(server, cfg, entry, prompts, a, t_start):
