@@ -55,6 +55,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v9": {"machine": "xeon-bf16"},
     "bench_v10": {"machine": "xeon-bf16"},
     "bench_v14": {"machine": "xeon-bf16"},
+    "merged_c32_recheck": {"machine": "xeon-bf16"},
     "bench_v13": {"machine": "xeon-bf16"},
     "bench_v12": {"machine": "xeon-bf16"},
     "bench_v12_c32": {"machine": "xeon-bf16"},
@@ -84,7 +85,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v14", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -237,7 +238,9 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"bench_v14": "The five drafting sources side by side at concurrency 1, 8 and 32: none, n-gram, the DFlash "
+    title = {"merged_c32_recheck": "Recheck of bench_v14's stalled cell, right after it: none, n-gram, merged at "
+                                   "HumanEval c32 (64 prompts, two interleaved rounds)",
+             "bench_v14": "The five drafting sources side by side at concurrency 1, 8 and 32: none, n-gram, the DFlash "
                           "block alone (fixed block), adaptive, merged (32 prompts, two interleaved rounds)",
              "bench_v13": "Concurrency 1, 8 and 32 with every configuration's target forward timed and greedy "
                           "outputs judged on the servers' token ids: none, n-gram, adaptive, merged (32 prompts, "
