@@ -5,8 +5,8 @@
     python benchmarks/make_docs.py --check    # exit 1 if docs/BENCHMARKS.md is not what the JSON gives
 
 Every table states the machine, the command and the date of its measurement. What a JSON file does not record
-itself (older files have no machine or command field) comes from PROVENANCE below and is marked as such in the
-output. Hand-written readings of the tables live in benchmarks/benchmark_notes.md (one `## <result stem>` section
+itself (older files have no machine or command field) comes from benchmarks/results_registry.py (with each
+section's place and title) and is marked as such in the output. Hand-written readings of the tables live in benchmarks/benchmark_notes.md (one `## <result stem>` section
 per result file, plus `## intro` and `## unbacked`); they are copied in verbatim, marked as hand-written.
 
 Standard library only, plus the serving benchmark's own renderers (vllm_dflash.bench.report: no torch, no vLLM).
@@ -26,68 +26,12 @@ sys.path.insert(0, str(REPO))
 from vllm_dflash.bench.report import (idle_servers_worst, render_acceptance, render_adaptive,  # noqa: E402
                                       render_time_split)
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from results_registry import MACHINES, MD_SECTIONS, ORDER, PROVENANCE, SERVING_TITLES  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results"
 NOTES = REPO / "benchmarks" / "benchmark_notes.md"
 OUT = REPO / "docs" / "BENCHMARKS.md"
-
-# The two machine kinds the results were measured on. `cpu` must occur in the CPU name a JSON records (checked).
-MACHINES = {
-    "epyc-avx2": {"cpu": "AMD EPYC",
-                  "kind": "2-core AMD EPYC, AVX2 only (no AVX-512, no bf16), 24 GiB, no GPU"},
-    "xeon-bf16": {"cpu": "Xeon",
-                  "kind": "2-core Intel Xeon with avx512_bf16 and amx_bf16, 24 GiB, no GPU"},
-    "epyc-bf16": {"cpu": "AMD EPYC",
-                  "kind": "2-core AMD EPYC with avx512_bf16 (no AMX), 24 GiB, no GPU"},
-}
-
-# Facts a result file does not record itself: which machine (kind) it ran on, and for the files that do not
-# store their command line, the command. Taken from the commit that added each file and the project's log.
-PROVENANCE: dict[str, dict[str, str]] = {
-    "bench_merged": {"machine": "xeon-bf16"},
-    "bench_serving": {"machine": "epyc-avx2"},
-    "bench_adaptive_overlap": {"machine": "epyc-avx2"},
-    "bench_serving_quick": {"machine": "epyc-avx2"},
-    "eval_humaneval164": {"machine": "epyc-avx2"},
-    "eval_humaneval164_v3": {"machine": "xeon-bf16"},
-    "bench_v3": {"machine": "xeon-bf16"},
-    "bench_v6": {"machine": "xeon-bf16"},
-    "bench_v7": {"machine": "xeon-bf16"},
-    "bench_v9": {"machine": "xeon-bf16"},
-    "bench_v10": {"machine": "xeon-bf16"},
-    "bench_v14": {"machine": "xeon-bf16"},
-    "merged_c32_recheck": {"machine": "xeon-bf16"},
-    "bench_v13": {"machine": "xeon-bf16"},
-    "bench_v12": {"machine": "xeon-bf16"},
-    "bench_v12_c32": {"machine": "xeon-bf16"},
-    "bench_v11": {"machine": "xeon-bf16"},
-    "bench_v11_c32": {"machine": "xeon-bf16"},
-    "bench_v8": {"machine": "xeon-bf16"},
-    "bench_v8_c32": {"machine": "xeon-bf16"},
-    "spec_overhead_c32": {"machine": "xeon-bf16"},
-    "bench_v6_c8c32": {"machine": "xeon-bf16"},
-    "gemv_vllm": {"machine": "xeon-bf16"},
-    "hinted_vllm": {"machine": "xeon-bf16"},
-    "gemv": {"machine": "epyc-bf16"},
-    "gemv_ab_off": {"machine": "xeon-bf16"},
-    "gemv_ab_auto": {"machine": "xeon-bf16"},
-    "bench_v5": {"machine": "epyc-bf16"},
-    "bench_v4": {"machine": "epyc-bf16"},
-    "step_cost": {"machine": "epyc-bf16"},
-    "kv_injection": {"machine": "epyc-avx2",
-                     "command": "python benchmarks/bench_kv_injection.py --clock cpu --serving"},
-    "draft_depth": {"machine": "epyc-avx2"},
-    "profile_train_step": {"machine": "epyc-avx2",
-                           "command": "python benchmarks/profile_train_step.py --threads 1 "
-                                      "--out benchmarks/results/profile_train_step.json"},
-    "soak": {"machine": "epyc-avx2"},
-    "train_throughput_xeon": {"machine": "xeon-bf16"},
-    "planner_cost": {"machine": "xeon-bf16"},
-}
-
-# Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
-         "eval_humaneval164", "kv_injection",
-         "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 BENCH_DEFAULTS = {"prompt_sets": ["humaneval", "chat"], "threads": 1, "kv_cache_gib": 2, "max_model_len": 2048,
                   "num_speculative_tokens": 7}
@@ -238,51 +182,7 @@ def greedy_summary(result: dict[str, Any]) -> str:
 def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) -> list[str]:
     m = result["meta"]
     eng = m["engine"]
-    title = {"merged_c32_recheck": "Recheck of bench_v14's stalled cell, right after it: none, n-gram, merged at "
-                                   "HumanEval c32 (64 prompts, two interleaved rounds)",
-             "bench_v14": "The five drafting sources side by side at concurrency 1, 8 and 32: none, n-gram, the DFlash "
-                          "block alone (fixed block), adaptive, merged (32 prompts, two interleaved rounds)",
-             "bench_v13": "Concurrency 1, 8 and 32 with every configuration's target forward timed and greedy "
-                          "outputs judged on the servers' token ids: none, n-gram, adaptive, merged (32 prompts, "
-                          "three interleaved rounds)",
-             "bench_v12": "Concurrency 1, 8 and 32 with a step-cost fit per batch-size bucket (reverted after this "
-                          "run): none, n-gram, adaptive, merged (32 prompts, interleaved)",
-             "bench_v12_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, with the per-bucket step-cost "
-                              "fit (reverted after this run): none, n-gram, adaptive, merged",
-             "bench_v11_c32": "Concurrency 32 in three interleaved rounds of 32 prompts, after the two-regressor step-cost "
-                              "fit: none, n-gram, adaptive, merged",
-             "bench_v11": "Concurrency 8 and 32 after the two-regressor step-cost fit (T(n, B)): none, n-gram, "
-                          "adaptive, merged (32 prompts, interleaved)",
-             "bench_v10": "Concurrency 1, 8 and 32 with one-pass greedy verification on CPU and merged proposals "
-                          "scored per slot: none, n-gram, adaptive, merged (32 prompts, interleaved)",
-             "bench_v9": "Concurrency 8 and 32 with vLLM's n-gram fixed and as vLLM ships it: none, n-gram, "
-                         "n-gram without the plugin, adaptive, merged (50 prompts, interleaved)",
-             "bench_v8": "Interleaved serving benchmark, repeat of bench_v7 with the fixed block: none, n-gram, "
-                         "fixed block, adaptive, merged (32 prompts, all servers up, configurations back to back)",
-             "bench_v8_c32": "Concurrency 32 again, 64 prompts per run in two interleaved rounds: none, n-gram, "
-                             "adaptive, merged",
-             "spec_overhead_c32": "vLLM's n-gram with a 48-token match required (it almost never proposes) against no "
-                                  "speculation at concurrency 32, taken with vLLM's CPU n-gram thread bug",
-             "bench_v7": "Interleaved serving benchmark on a Xeon with AMX: none, n-gram, adaptive, merged, hinted "
-                         "(32 prompts per run, all servers up, configurations back to back in rotated rounds)",
-             "bench_v6": "Serving compiled bf16, every core bound to the worker, on a Xeon with AMX: none, n-gram, "
-                         "fixed block, adaptive, merged, hinted; deferred KV injection; client-measured tokens per "
-                         "forward for every configuration",
-             "bench_v6_c8c32": "Repeat of bench_v6 at concurrency 8 and 32 with 32 prompts per run: none, n-gram, "
-                               "adaptive",
-             "gemv_ab_off": "Serving A/B of DFLASH_CPU_GEMV, part 1: off (none and adaptive, HumanEval c1 / c8)",
-             "gemv_ab_auto": "Serving A/B of DFLASH_CPU_GEMV, part 2: auto (8 rows), run right after part 1",
-             "bench_v5": "Serving compiled bf16 with every core bound to the worker (the benchmark's default layout "
-                         "since 0.2.0), bundled draft version 3: none, n-gram, fixed block, adaptive, merged",
-             "bench_v4": "Serving on vLLM's defaults (compiled bf16, vLLM's default layout), bundled draft version 3, "
-                         "step-cost-aware adaptive drafting: none, n-gram, fixed block, adaptive, merged",
-             "bench_v3": "Serving on vLLM's defaults (compiled bf16), bundled draft version 3: none, n-gram, fixed "
-                         "block, adaptive, merged",
-             "bench_merged": "Serving on vLLM's defaults (compiled bf16), draft version 1: none, n-gram, adaptive, "
-                             "merged",
-             "bench_serving": "Serving, eager float32: seven configurations",
-             "bench_adaptive_overlap": "Adaptive drafting with and without overlap scheduling",
-             "bench_serving_quick": "Serving benchmark, quick mode (smoke run)"}.get(stem, f"Serving benchmark {stem}")
+    title = SERVING_TITLES.get(stem, f"Serving benchmark {stem}")
     mode = "eager" if eng.get("enforce_eager", True) else "compiled (torch.compile, vLLM's default)"
     out = [f"## {title}", ""]
     out += provenance_block(
@@ -521,12 +421,6 @@ def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> li
                    f"| {r['bound_ms']:.1f} ({r['bound']}) | {100 * r['bound_ms'] / r['verify_ms']:.0f} % |")
     out += ["", f"![step cost](../benchmarks/results/{stem}.png)"]
     return out + hand(notes, stem)
-
-
-MD_SECTIONS = {"planner_cost": "Adaptive planner: host time per engine step against batch size",
-               "hinted_vllm": "Plain draft, hinted draft and prompt lookup through vLLM, each alone (fixed block)",
-               "gemv_vllm": "The skinny-GEMM kernel inside vLLM (DFLASH_CPU_GEMV): decode step time off and on",
-               "gemv": "The skinny-GEMM kernel in isolation against vLLM's CPU linear"}
 
 
 def md_section(stem: str, notes: dict[str, str]) -> list[str]:
