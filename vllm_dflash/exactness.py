@@ -108,6 +108,13 @@ def top_tokens(url: str, ids: list[int], model: str = "target", timeout: float =
     return sorted(((int(k_.split(":", 1)[1]), v) for k_, v in tops.items()), key=lambda kv: -kv[1])
 
 
+def server_ids(prompt: list[int] | None, base: list[int] | None,
+               other: list[int] | None) -> tuple[list[int], list[int], list[int]] | None:
+    """`explain`'s ids from what the servers returned: (prompt, base output, other output), or None (judge on the
+    texts) unless all three are there."""
+    return (prompt, base, other) if prompt and base is not None and other is not None else None
+
+
 def explain(url: str, tokenizer: Any, item: dict[str, Any], base_text: str, other_text: str,
             dtype: str, ids: tuple[list[int], list[int], list[int]] | None = None) -> Divergence | None:
     """Where two greedy outputs for `item` first differ and the target's logprob margin there (None: identical).

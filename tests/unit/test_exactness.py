@@ -105,6 +105,13 @@ def test_server_token_ids_locate_and_judge_the_divergence(monkeypatch):
     assert d2.index == 0 and d2.base_token == "ou" and d2.other_token == "o" and not d2.judged
 
 
+def test_server_ids_only_when_the_servers_returned_all_three():
+    """The bench and the demo judge on ids only with a prompt and both outputs (an empty output is still an output)."""
+    assert ex.server_ids([9, 1], [2, 3], []) == ([9, 1], [2, 3], [])
+    assert ex.server_ids(None, [2], [2]) is None and ex.server_ids([], [2], [2]) is None
+    assert ex.server_ids([9], None, [2]) is None and ex.server_ids([9], [2], None) is None
+
+
 def test_default_dtype_on_both_cpu_kinds(monkeypatch):
     """The fast dtype per CPU kind (bf16 with avx512_bf16, else fp32), whichever kind runs the test."""
     import torch

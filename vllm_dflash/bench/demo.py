@@ -30,12 +30,6 @@ def _drive(server, prompts: list[list[dict]], max_tokens: int) -> tuple[list[str
     return texts, ids, n_tokens, time.perf_counter() - t0
 
 
-def _ids(base: tuple, other: tuple) -> tuple[list[int], list[int], list[int]] | None:
-    """(prompt, base output, other output) ids for exactness.explain when the servers returned them all."""
-    (prompt, a), (_, b) = base, other
-    return (prompt, a, b) if prompt and a is not None and b is not None else None
-
-
 def demo_configs(draft_dir: Path, block_size: int) -> list[tuple[str, dict | None]]:
     """Side by side: no speculation, vLLM's prompt lookup (its best measured k), and our drafter as a user gets it
     with no extra keys (adaptive: DFlash, prompt lookup or both per request-step)."""
@@ -73,7 +67,7 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
     from vllm_dflash.config import DFlashConfig
     from vllm_dflash.data.prompts import humaneval_prompts
     from vllm_dflash.drafts import resolve_draft_arg
-    from vllm_dflash.exactness import explain, summarize, verdict_line
+    from vllm_dflash.exactness import explain, server_ids, summarize, verdict_line
     from vllm_dflash.serve import tau
     from vllm_dflash.serve.server import Server
     from vllm_dflash.target import prepare_target
@@ -116,7 +110,7 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
             if sc is not None:  # explain each differing output on this server (the target's top-2 margin there)
                 base = results["no speculation"]
                 divs = [d for it, a, b, ia, ib in zip(items, base["texts"], texts, base["ids"], ids)
-                        if (d := explain(srv.url, tok, it, a, b, dtype, ids=_ids(ia, ib)))]
+                        if (d := explain(srv.url, tok, it, a, b, dtype, ids=server_ids(*ia, ib[1])))]
                 r["exact"] = summarize(len(texts), divs, dtype)
         results[name] = r
     print(f"\nSmolLM2-135M-Instruct, {len(prompts)} HumanEval chat prompts, greedy, max_tokens {max_tokens}, "

@@ -322,19 +322,16 @@ def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: d
     """Greedy outputs vs `none` on the same prompts; each difference explained by the target's top-2 logprob margin
     at its first differing token (vllm_dflash.exactness: float32 must be identical, bf16 may differ at near-ties).
     Compared on the servers' token ids where both runs have them (else on the re-encoded text)."""
-    from vllm_dflash.exactness import explain, summarize
+    from vllm_dflash.exactness import explain, server_ids, summarize
 
     by_id = {it["id"]: it for it in items}
     outputs, tok = run["outputs"], run.get("token_ids") or {}
     ids = [i for i in outputs if i in base["outputs"]]
     divs = []
-    for i in ids:
+    for i in ids:  # explain: None when the outputs are identical
         a, b = (base["token_ids"].get(i) or {}), (tok.get(i) or {})
-        exact = bool(a.get("output") is not None and b.get("output") is not None and a.get("prompt"))
-        if (a["output"] == b["output"]) if exact else (base["outputs"][i] == outputs[i]):
-            continue
         d = explain(server.url, tokenizer, by_id[i], base["outputs"][i], outputs[i], server.dtype,
-                    ids=(a["prompt"], a["output"], b["output"]) if exact else None)
+                    ids=server_ids(a.get("prompt"), a.get("output"), b.get("output")))
         if d:
             divs.append(d)
     return summarize(len(ids), divs, server.dtype)
