@@ -8,12 +8,22 @@ from pathlib import Path
 from typing import Any
 
 
+def _fields(stat: str) -> list[str]:
+    """The fields of a /proc stat line after the command (which may hold spaces and parentheses)."""
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """User + system CPU seconds from `_fields` of a process or thread stat."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _group_stats(pgid: int):
     """(pid, /proc/<pid>/stat fields after the command) of each live process of one process group (a server).
     Fields from 0: state ppid pgrp ... utime (11) stime (12)."""
     for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = _fields(Path(f"/proc/{pid}/stat").read_text())
             if int(fields[2]) != pgid:
                 continue
         except (OSError, ValueError, IndexError):
@@ -23,8 +33,7 @@ def _group_stats(pgid: int):
 
 def group_cpu_s(pgid: int) -> float:
     """CPU seconds (user + system) used so far by the live processes of one process group (a server)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum((int(f[11]) + int(f[12])) / tick for _, f in _group_stats(pgid))
+    return sum(_cpu_s(f) for _, f in _group_stats(pgid))
 
 
 def process_layout(pgid: int) -> list[dict[str, Any]]:
@@ -46,7 +55,6 @@ def group_thread_cpu_s(pgid: int) -> dict[str, float]:
     process as vLLM titles it (its `comm`: API server, engine core, workers), the thread as `main` (the process's own
     thread) or its `comm` (OpenMP workers inherit the process's name; Python threads are named by their creator).
     Threads that ended are not counted, so take deltas over a span the threads outlive."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for pid, _ in _group_stats(pgid):
         try:
@@ -60,9 +68,8 @@ def group_thread_cpu_s(pgid: int) -> dict[str, float]:
             except OSError:
                 continue
             name = "main" if int(tid) == pid else raw[raw.index("(") + 1:raw.rindex(")")]
-            f = raw.rsplit(")", 1)[1].split()
             key = f"{proc}/{name}"
-            out[key] = out.get(key, 0.0) + (int(f[11]) + int(f[12])) / tick
+            out[key] = out.get(key, 0.0) + _cpu_s(_fields(raw))
     return out
 
 
