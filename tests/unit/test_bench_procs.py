@@ -47,3 +47,47 @@ def test_thread_cpu_per_name_and_delta():
     finally:
         p.kill()
         p.wait()
+
+
+def test_outside_cpu_names_the_competitor_and_skips_the_measured_server():
+    """Two spinning children in groups of their own, named spin_a and spin_b: `outside_cpu_s` over a span charges
+    spin_a (labelled "idle x") to `idle x/spin_a`, leaves out spin_b's excluded (measured) group, and a reading of a
+    reused pid with another command counts from 0."""
+    from vllm_dflash.bench.procs import machine_cpu_s, outside_cpu_s
+
+    def child(name):
+        code = (f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\nt = time.thread_time()\n"
+                "while time.thread_time() < t + 0.5: pass\nprint('ready', flush=True)\ntime.sleep(30)")
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+
+    before = machine_cpu_s()
+    a, b = child("spin_a"), child("spin_b")
+    try:
+        assert a.stdout.readline().strip() == "ready" and b.stdout.readline().strip() == "ready"
+        after = machine_cpu_s()
+        assert after[a.pid][1] == "spin_a" and after[b.pid][2] >= 0.4
+        got = outside_cpu_s(before, after, exclude_pgid=b.pid, labels={a.pid: "idle x"})
+        assert got.get("idle x/spin_a", 0) >= 0.4, got
+        assert not any("spin_b" in k for k in got), got
+        reused = {a.pid: (a.pid, "other", after[a.pid][2])}  # same pid, another command: not a delta against it
+        assert outside_cpu_s(reused, {a.pid: after[a.pid]}, exclude_pgid=-1, labels={}) == {
+            "spin_a": round(after[a.pid][2], 2)}
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_outside_worst_picks_the_largest_share_of_the_machine():
+    """The report's "other processes" line names the run with the largest outside CPU per wall second and core, not
+    the largest total; runs without the record (older JSON) or that failed are skipped."""
+    from vllm_dflash.bench.report import outside_worst
+
+    runs = [{"ok": True, "wall_s": 100.0, "outside_cpu_s": {"x": 20.0}},  # 10 % of 2 cores
+            {"ok": True, "wall_s": 10.0, "outside_cpu_s": {"idle a/w": 4.0, "y": 1.0}},  # 25 %
+            {"ok": True, "wall_s": 5.0},  # no record
+            {"ok": False, "wall_s": 1.0, "outside_cpu_s": {"z": 9.0}}]
+    run, cpu, pct = outside_worst({"runs": runs, "meta": {"machine": {"cores": 2}}})
+    assert run is runs[1] and cpu == 5.0 and pct == pytest.approx(25.0)
+    assert outside_worst({"runs": runs[2:3], "meta": {"machine": {"cores": 2}}}) is None

@@ -76,3 +76,35 @@ def group_thread_cpu_s(pgid: int) -> dict[str, float]:
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Per-thread-name CPU seconds used between two `group_thread_cpu_s` readings (names that appeared count from 0)."""
     return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
+
+
+def machine_cpu_s() -> dict[int, tuple[int, str, float]]:
+    """pid -> (process group, command name, CPU seconds so far) of every live process on the machine."""
+    out = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = _fields(raw)
+        out[pid] = (int(fields[2]), raw[raw.index("(") + 1:raw.rindex(")")], _cpu_s(fields))
+    return out
+
+
+def outside_cpu_s(before: dict[int, tuple[int, str, float]], after: dict[int, tuple[int, str, float]],
+                  exclude_pgid: int, labels: dict[int, str], min_s: float = 0.05) -> dict[str, float]:
+    """CPU seconds each process outside one server used between two `machine_cpu_s` readings, summed per label:
+    `labels[pgid]/<command>` for known process groups (idle servers, the benchmark itself), `<command>` otherwise.
+    What competed with the measured server for the cores; processes that ended in between are not counted, new ones
+    count from 0. Labels below `min_s` are dropped."""
+    out: dict[str, float] = {}
+    for pid, (pgid, comm, cpu) in after.items():
+        if pgid == exclude_pgid:
+            continue
+        prev = before.get(pid)
+        used = cpu - (prev[2] if prev is not None and prev[1] == comm else 0.0)  # a reused pid counts from 0
+        if used <= 0:
+            continue
+        key = f"{labels[pgid]}/{comm}" if pgid in labels else comm
+        out[key] = out.get(key, 0.0) + used
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= min_s}

@@ -158,6 +158,18 @@ def idle_servers_worst(result: dict[str, Any]) -> tuple[float, float, float] | N
     return cpu, wall, 100 * cpu / (wall * (result["meta"]["machine"].get("cores") or 1))
 
 
+def outside_worst(result: dict[str, Any]) -> tuple[dict[str, Any], float, float] | None:
+    """The run that other processes (idle servers, the client, anything else on the machine) competed with most, as
+    (the run, their CPU seconds, percent of the machine's cores over its wall time); None when no run recorded it."""
+    rows = [(r, sum(r["outside_cpu_s"].values())) for r in result["runs"]
+            if r.get("ok") and r.get("outside_cpu_s") is not None and r.get("wall_s")]
+    if not rows:
+        return None
+    cores = result["meta"]["machine"].get("cores") or 1
+    run, cpu = max(rows, key=lambda x: x[1] / x[0]["wall_s"])
+    return run, cpu, 100 * cpu / (run["wall_s"] * cores)
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
@@ -186,6 +198,13 @@ def render_markdown(result: dict[str, Any]) -> str:
         cpu, wall, pct = idle
         out.append(f"  - idle servers during a run: at most {cpu:.1f} CPU-s over its {wall:.1f} s "
                    f"({pct:.1f} % of the machine)")
+    worst = outside_worst(result)
+    if worst:
+        run, cpu, pct = worst
+        top = ", ".join(f"{k} {v:.1f}" for k, v in list(run["outside_cpu_s"].items())[:4])
+        out.append(f"  - other processes during a run: at most {cpu:.1f} CPU-s over its {run['wall_s']:.1f} s "
+                   f"({pct:.1f} % of the machine; {run['config']}, {run['prompt_set']}, c{run['concurrency']}"
+                   + (f": {top}" if top else "") + ")")
     for name, c in result["configs"].items():
         procs = [p for p in c.get("processes") or [] if "resource_tracker" not in p["cmd"]]
         if procs:  # the API server's command line is long: its pid stands for it

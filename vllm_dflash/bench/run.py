@@ -16,7 +16,8 @@ from typing import Any
 
 from vllm_dflash import settings
 from vllm_dflash.bench import limit, stats
-from vllm_dflash.bench.procs import cpu_delta, group_cpu_s, group_thread_cpu_s, process_layout
+from vllm_dflash.bench.procs import (cpu_delta, group_cpu_s, group_thread_cpu_s, machine_cpu_s, outside_cpu_s,
+                                     process_layout)
 from vllm_dflash.serve import tau
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
@@ -189,21 +190,27 @@ def _start(server: Any, timeout: float) -> str | None:
 
 
 def _measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
-             others: list[Any] = ()) -> dict[str, Any]:
+             others: dict[str, Any] | None = None) -> dict[str, Any]:
     """One wave of requests against one server: the requests, the /metrics scrapes around them, the load average,
-    and the CPU seconds the `others` (servers left idle meanwhile, interleaved mode) used during it."""
+    the CPU seconds the `others` (servers left idle meanwhile, interleaved mode, by configuration name) used during
+    it, and every process outside the measured server that used CPU meanwhile (what competed with it)."""
     from vllm_dflash.bench.client import run_load
 
+    others = others or {}
     before = settled_metrics(server)
     load0 = os.getloadavg()[0]
-    idle0 = [group_cpu_s(o.proc.pid) for o in others]
+    idle0 = [group_cpu_s(o.proc.pid) for o in others.values()]
     threads0 = group_thread_cpu_s(server.proc.pid)
+    machine0 = machine_cpu_s()
     reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
+    machine1 = machine_cpu_s()
     threads = cpu_delta(threads0, group_thread_cpu_s(server.proc.pid))  # before the scrape below adds its own
     after = settled_metrics(server)
-    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others, idle0)) if others else None
+    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others.values(), idle0)) if others else None
+    labels = {o.proc.pid: f"idle {n}" for n, o in others.items()} | {os.getpgid(0): "bench"}
+    outside = outside_cpu_s(machine0, machine1, server.proc.pid, labels)
     return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle,
-            "threads_cpu_s": threads}
+            "threads_cpu_s": threads, "outside_cpu_s": outside}
 
 
 def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -> dict[str, Any]:
@@ -221,6 +228,11 @@ def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -
         for k, v in w.get("threads_cpu_s", {}).items():
             threads[k] = round(threads.get(k, 0.0) + v, 3)
     run["server_threads_cpu_s"] = threads
+    outside: dict[str, float] = {}  # every other process's CPU seconds while this server ran (what competed with it)
+    for w in waves:
+        for k, v in w.get("outside_cpu_s", {}).items():
+            outside[k] = round(outside.get(k, 0.0) + v, 2)
+    run["outside_cpu_s"] = dict(sorted(outside.items(), key=lambda kv: -kv[1]))
     # counter deltas of the run, summed over its waves (one wave: after - before), compared with an empty `before`
     before: dict[str, float] = {}
     after = stats.sum_deltas([(w["before"], w["after"]) for w in waves])
@@ -427,7 +439,7 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                     for name in live[r % len(live):] + live[: r % len(live)]:
                         if name in failed:
                             continue
-                        others = [servers[o] for o in live if o != name]
+                        others = {o: servers[o] for o in live if o != name}
                         time.sleep(0.5)  # the server that ran last settles (OpenMP threads stop spinning)
                         try:
                             waves[name].append(_measure(servers[name], chunk, c, a, others))
