@@ -430,7 +430,9 @@ def md_section(stem: str, notes: dict[str, str]) -> list[str]:
     if body and body[0].startswith("#"):
         body = body[1:]
     plot = [f"![{stem}](../benchmarks/results/{stem}.png)", ""] if (RESULTS / f"{stem}.png").is_file() else []
-    return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem)}", *body, "", *plot, *hand(notes, stem)]
+    data = json.loads((RESULTS / f"{stem}.json").read_text()) if (RESULTS / f"{stem}.json").is_file() else {}
+    cpu = data.get("machine", {}).get("cpu") if isinstance(data, dict) and isinstance(data.get("machine"), dict) else None
+    return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem, cpu)}", *body, "", *plot, *hand(notes, stem)]
 
 
 def render() -> str:

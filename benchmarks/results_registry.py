@@ -32,6 +32,8 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v9": {"machine": "xeon-bf16"},
     "bench_v10": {"machine": "xeon-bf16"},
     "bench_v14": {"machine": "xeon-bf16"},
+    "bench_v15": {"machine": "xeon-bf16"},
+    "bench_v15_c8c32": {"machine": "xeon-bf16"},
     "merged_c32_recheck": {"machine": "xeon-bf16"},
     "bench_v13": {"machine": "xeon-bf16"},
     "bench_v12": {"machine": "xeon-bf16"},
@@ -59,15 +61,20 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "soak": {"machine": "epyc-avx2"},
     "train_throughput_xeon": {"machine": "xeon-bf16"},
     "planner_cost": {"machine": "xeon-bf16"},
+    "step_ops": {"machine": "xeon-bf16"},
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v15_c8c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 # Section titles of the serving benchmarks (others: "Serving benchmark <stem>").
 SERVING_TITLES: dict[str, str] = {
+    "bench_v15_c8c32": ("Concurrency 8 and 32 in three interleaved rounds of 32 prompts each: none, none with overlap "
+                        "scheduling, n-gram, adaptive, merged"),
+    "bench_v15": ("Concurrency 1, 8 and 32 with the CPU time of every process outside the measured server recorded: "
+                  "none, n-gram, adaptive, merged (32 prompts, three interleaved rounds at c1 / c8, one at c32)"),
     "merged_c32_recheck": ("Recheck of bench_v14's stalled cell, right after it: none, n-gram, merged at HumanEval "
                            "c32 (64 prompts, two interleaved rounds)"),
     "bench_v14": ("The five drafting sources side by side at concurrency 1, 8 and 32: none, n-gram, the DFlash block "
@@ -113,7 +120,8 @@ SERVING_TITLES: dict[str, str] = {
 }
 
 # Result files rendered from their own markdown (the title of each section).
-MD_SECTIONS = {"planner_cost": "Adaptive planner: host time per engine step against batch size",
+MD_SECTIONS = {"step_ops": "One decode step without speculation at concurrency 1, op by op, against the memory bound",
+               "planner_cost": "Adaptive planner: host time per engine step against batch size",
                "hinted_vllm": "Plain draft, hinted draft and prompt lookup through vLLM, each alone (fixed block)",
                "gemv_vllm": "The skinny-GEMM kernel inside vLLM (DFLASH_CPU_GEMV): decode step time off and on",
                "gemv": "The skinny-GEMM kernel in isolation against vLLM's CPU linear"}
