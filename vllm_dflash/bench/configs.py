@@ -60,6 +60,9 @@ class BenchConfig:
 
 REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
     BenchConfig("none", "no speculation"),
+    BenchConfig("none-overlap", "no speculation with overlap (async) scheduling on CPU (DFLASH_OVERLAP=1; vLLM "
+                "forces it off on CPU): the engine core schedules step N+1 while the worker runs step N",
+                env={"DFLASH_OVERLAP": "1"}),
     BenchConfig("ngram", "vLLM prompt lookup (n-gram); with vllm_dflash installed its worker keeps both OpenMP "
                 "threads (patches/cpu_omp_threads.py)", method="ngram",
                 spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}),
