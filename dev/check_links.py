@@ -23,7 +23,8 @@ def anchors(md: Path) -> set[str]:
         m = re.match(r"#{1,6}\s+(.*)", line)
         if not m:
             continue
-        text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).strip().lower()
+        text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))
+        text = re.sub(r"(?<!\w)_+|_+(?!\w)", "", text).strip().lower()  # emphasis; DFLASH_CPU_GEMV keeps its _
         slug = "".join(ch for ch in text.replace(" ", "-") if ch.isalnum() or ch in "-_")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
