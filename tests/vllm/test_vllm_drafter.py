@@ -25,6 +25,7 @@ def results(pair):
     runs = {
         "base": {"model": t, "prompts": PROMPTS, "max_tokens": 48},
         "base1": {"model": t, "prompts": PROMPTS[:1], "max_tokens": 48},
+        "base_overlap": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "env": {"VLLM_DFLASH_OVERLAP": "1"}},
         "b4": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 4)},
         "b8": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 8)},
         "b16": {"model": t, "prompts": PROMPTS, "max_tokens": 48, "speculative_config": _spec(pair, 16)},
@@ -62,6 +63,13 @@ def test_overlap_scheduling_on_for_our_drafter_only(results):
     assert results["b8"]["async_scheduling"] and results["b16_steps2"]["async_scheduling"]
     assert not results["b8_no_overlap"]["async_scheduling"]
     assert not results["base"]["async_scheduling"] and not results["upstream_b8"]["async_scheduling"]
+
+
+def test_overlap_without_speculation_when_asked(results):
+    """overlap: true (here VLLM_DFLASH_OVERLAP=1) turns vLLM's async scheduling on for a CPU engine without
+    speculation too (the bench's none-overlap), and greedy output stays the plain engine's, token for token."""
+    assert results["base_overlap"]["async_scheduling"] and not results["base"]["async_scheduling"]
+    assert results["base_overlap"]["tokens"] == results["base"]["tokens"]
 
 
 def test_greedy_lossless_batch1(results):
