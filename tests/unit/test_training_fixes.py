@@ -227,3 +227,31 @@ def test_bad_device_is_named_before_training(pair, recs, tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
             run_train(data=str(a), out=str(tmp_path / "r"), target=str(pair / "target"), device="cuda", max_steps=1)
+
+
+def test_length_groups_pad_less_and_cover_every_sequence():
+    from vllm_dflash.train.features import length_groups
+
+    lengths = [500, 30, 1200, 40, 480, 35, 9000]
+    groups = length_groups(lengths, 1024)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # each once
+    assert all(len(g) * max(lengths[i] for i in g) <= 1024 for g in groups if len(g) > 1)
+    assert [6] in groups and [2] in groups  # longer than the budget: alone
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    assert padded < len(lengths) * max(lengths)
+    assert length_groups([], 1024) == []
+
+
+def test_features_of_a_mixed_batch_match_each_sequence_alone(tgt, recs, tmp_path):
+    """Grouping by length (small budget: several target forwards) gives every sequence the features it gets alone,
+    in its batch position, zero beyond its length; with and without the cache."""
+    seqs = [TrajectoryDataset(recs[:1], max_len=n)[0] for n in (64, 20, 40)]
+    for cache in (None, tmp_path / "c"):
+        f = TargetFeatures(tgt, (0, 1), cache, group_tokens=64)
+        batch = f(seqs, torch.device("cpu"), torch.float32)  # [3, 64, F]
+        for i, s in enumerate(seqs):
+            alone = TargetFeatures(tgt, (0, 1))([s], torch.device("cpu"), torch.float32)[0]
+            n = len(s.tokens)
+            tol = 0.05 if cache else 1e-5  # the cache stores bf16
+            torch.testing.assert_close(batch[i, :n], alone, atol=tol, rtol=tol)
+            assert not batch[i, n:].any()

@@ -19,8 +19,9 @@ class TargetFeatures:
     changed max_len or a re-collected trajectory misses), the target layer ids and the target's compute dtype."""
 
     def __init__(self, target: torch.nn.Module, layer_ids: tuple[int, ...], cache_dir: str | Path | None = None,
-                 autocast_bf16: bool = False):
+                 autocast_bf16: bool = False, group_tokens: int = 8192):
         self.target = target.eval().requires_grad_(False)
+        self.group_tokens = group_tokens  # padded tokens per target forward (length_groups)
         self.layer_ids = tuple(layer_ids)
         self.autocast = autocast_bf16  # target forward under bf16 autocast (as vLLM serves it on bf16 hardware)
         self.cache_dir = Path(cache_dir) if cache_dir else None
@@ -57,23 +58,41 @@ class TargetFeatures:
                 out[i] = torch.load(f)
             else:
                 todo.append(i)
-        if todo:
-            ids = torch.zeros(len(todo), S, dtype=torch.long)
-            att = torch.zeros(len(todo), S, dtype=torch.long)
-            for j, i in enumerate(todo):
+        body = getattr(self.target, "model", self.target)  # the decoder stack: no 49k-vocabulary lm_head
+        for group in length_groups([len(seqs[i].tokens) for i in todo], self.group_tokens):
+            idx = [todo[g] for g in group]
+            Sg = max(len(seqs[i].tokens) for i in idx)
+            ids = torch.zeros(len(idx), Sg, dtype=torch.long)  # [n, Sg], right-padded
+            att = torch.zeros(len(idx), Sg, dtype=torch.long)
+            for j, i in enumerate(idx):
                 t = seqs[i].tokens
                 ids[j, : len(t)] = torch.tensor(t)
                 att[j, : len(t)] = 1
-            body = getattr(self.target, "model", self.target)  # the decoder stack: no 49k-vocabulary lm_head
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 hs = body(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True).hidden_states
-            feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # layer l's OUTPUT
-            if not self.cache_dir:  # nothing to store (every sequence was computed): stay on the device
-                return (feats * att.to(device)[..., None]).to(dtype)  # zero-padded like the cached path
-            for j, i in enumerate(todo):
-                out[i] = feats[j, : len(seqs[i].tokens)].to(torch.bfloat16).cpu()
-                self._store(out[i], self.cache_file(seqs[i]))
-        full = torch.zeros(len(seqs), S, out[0].shape[-1], dtype=dtype)
+            feats = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)  # [n, Sg, n_feat * H]: layer l's OUTPUT
+            for j, i in enumerate(idx):
+                f = feats[j, : len(seqs[i].tokens)]  # [S_i, n_feat * H]
+                if self.cache_dir:
+                    out[i] = f.to(torch.bfloat16).cpu()
+                    self._store(out[i], self.cache_file(seqs[i]))
+                else:  # nothing to store: stay on the device
+                    out[i] = f
+        full = torch.zeros(len(seqs), S, out[0].shape[-1], dtype=dtype, device=device)  # [N, S_max, F]
         for i, f in enumerate(out):
-            full[i, : f.shape[0]] = f.to(dtype)
-        return full.to(device)
+            full[i, : f.shape[0]] = f.to(device=device, dtype=dtype)
+        return full
+
+
+def length_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices into `lengths`, shortest first, cut into groups whose padded size (count x longest) stays within
+    `max_tokens` (a longer sequence forms a group of its own). The target's forward over a group pads to the group's
+    longest sequence only: padding a whole batch to its longest wasted about half the compute on the collected data
+    (lengths 155-848 tokens from the 10th to the 90th percentile)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= max_tokens:  # sorted: lengths[i] is the group's longest
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
