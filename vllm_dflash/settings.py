@@ -175,8 +175,8 @@ class DFlashSettings:
     overlap: bool | str = _setting(
         "auto", type="bool | str", allowed='"auto", true, false', shown_default='"auto"', parse=_overlap,
         doc="Overlap (async) scheduling on CPU: auto = on for our drafter with a fixed block, off with adaptive "
-            "drafting; true = wherever vLLM allows it (adaptive then gets our AsyncScheduler); false = never. "
-            "--no-async-scheduling always wins.",
+            "drafting; true = wherever vLLM allows it, serving without speculation included (adaptive then gets "
+            "our AsyncScheduler); false = never. --no-async-scheduling always wins.",
         fix="use 'auto', true or false")
     kv_injection: str = _setting(
         "auto", type="str", allowed='"auto", "fused", "reference"', shown_default='"auto"',
