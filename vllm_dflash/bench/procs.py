@@ -18,17 +18,29 @@ def _cpu_s(fields: list[str]) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _group_stats(pgid: int):
-    """(pid, /proc/<pid>/stat fields after the command) of each live process of one process group (a server).
+def _comm(stat: str) -> str:
+    """The command name of a /proc stat line (between the first "(" and the last ")")."""
+    return stat[stat.index("(") + 1:stat.rindex(")")]
+
+
+def _stats():
+    """(pid, raw /proc/<pid>/stat line, its fields after the command) of every live process, in pid order.
     Fields from 0: state ppid pgrp ... utime (11) stime (12)."""
     for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
-            fields = _fields(Path(f"/proc/{pid}/stat").read_text())
-            if int(fields[2]) != pgid:
-                continue
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            fields = _fields(raw)
+            int(fields[2])
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        yield pid, fields
+        yield pid, raw, fields
+
+
+def _group_stats(pgid: int):
+    """(pid, /proc/<pid>/stat fields after the command) of each live process of one process group (a server)."""
+    for pid, _, fields in _stats():
+        if int(fields[2]) == pgid:
+            yield pid, fields
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -67,7 +79,7 @@ def group_thread_cpu_s(pgid: int) -> dict[str, float]:
                 raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
             except OSError:
                 continue
-            name = "main" if int(tid) == pid else raw[raw.index("(") + 1:raw.rindex(")")]
+            name = "main" if int(tid) == pid else _comm(raw)
             key = f"{proc}/{name}"
             out[key] = out.get(key, 0.0) + _cpu_s(_fields(raw))
     return out
@@ -80,15 +92,7 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 def machine_cpu_s() -> dict[int, tuple[int, str, float]]:
     """pid -> (process group, command name, CPU seconds so far) of every live process on the machine."""
-    out = {}
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            raw = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        fields = _fields(raw)
-        out[pid] = (int(fields[2]), raw[raw.index("(") + 1:raw.rindex(")")], _cpu_s(fields))
-    return out
+    return {pid: (int(fields[2]), _comm(raw), _cpu_s(fields)) for pid, raw, fields in _stats()}
 
 
 def outside_cpu_s(before: dict[int, tuple[int, str, float]], after: dict[int, tuple[int, str, float]],
