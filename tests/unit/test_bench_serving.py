@@ -256,7 +256,7 @@ def test_interleave_rounds_keep_the_concurrency():
 def test_a_run_in_rounds_sums_counters_and_keeps_the_last_gauges():
     from types import SimpleNamespace
 
-    from vllm_dflash.bench.run import _summarize
+    from vllm_dflash.bench.waves import summarize as _summarize
 
     def wave(t0, n, gen0, gen1, alpha):
         req = {"id": f"p{t0}", "text": "x", "completion_tokens": n, "prompt_tokens": 5, "chunks": n,

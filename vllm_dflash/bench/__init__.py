@@ -5,6 +5,9 @@
   client.py  : concurrent streaming OpenAI clients (asyncio) against one `vllm serve`
   stats.py   : pure maths: percentiles, /metrics counter deltas (τ, per-position acceptance), output comparison
   report.py  : markdown table and PNG plots
+  waves.py   : one wave of requests against a server (metrics scrapes, CPU time of its threads and of every other
+               process) and a run summarized from its waves
+  procs.py   : CPU time and layout of processes and threads, read from /proc
   run.py     : the driver: one real `vllm serve` per configuration, every prompt set and concurrency level
 Beside it:
   demo.py          : `vllm-dflash demo`: no speculation, vLLM's n-gram drafter and ours side by side

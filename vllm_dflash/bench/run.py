@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_dflash import settings
-from vllm_dflash.bench import limit, stats
-from vllm_dflash.bench.procs import (cpu_delta, group_cpu_s, group_thread_cpu_s, machine_cpu_s, outside_cpu_s,
-                                     process_layout)
-from vllm_dflash.serve import tau
+from vllm_dflash.bench import limit, stats, waves
+from vllm_dflash.bench.procs import process_layout
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
 from vllm_dflash.utils import get_logger
 
@@ -158,19 +156,6 @@ def omp_binding(log: str) -> list[str]:
             if "ompmultiprocessing" in ln and any(k in ln for k in keep)]
 
 
-def settled_metrics(server: Any, timeout: float = 10.0) -> dict[str, float]:
-    """A /metrics scrape once no request runs and the spec-decode counters stopped moving."""
-    keys = (tau.DRAFTS + "_total", tau.ACCEPTED + "_total", tau.GENERATED + "_total", "vllm:num_requests_running")
-    prev, deadline = None, time.time() + timeout
-    while True:
-        m = server.metrics()
-        cur = tuple(m.get(k) for k in keys)
-        if (cur == prev and not m.get("vllm:num_requests_running")) or time.time() > deadline:
-            return m
-        prev = cur
-        time.sleep(0.3)
-
-
 def _start(server: Any, timeout: float) -> str | None:
     """Start the server (one retry if another process took the port). Returns an error message or None."""
     from vllm_dflash.serve.server import free_port
@@ -189,80 +174,6 @@ def _start(server: Any, timeout: float) -> str | None:
     return "unreachable"
 
 
-def _measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
-             others: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One wave of requests against one server: the requests, the /metrics scrapes around them, the load average,
-    the CPU seconds the `others` (servers left idle meanwhile, interleaved mode, by configuration name) used during
-    it, and every process outside the measured server that used CPU meanwhile (what competed with it)."""
-    from vllm_dflash.bench.client import run_load
-
-    others = others or {}
-    before = settled_metrics(server)
-    load0 = os.getloadavg()[0]
-    idle0 = [group_cpu_s(o.proc.pid) for o in others.values()]
-    threads0 = group_thread_cpu_s(server.proc.pid)
-    machine0 = machine_cpu_s()
-    reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
-    machine1 = machine_cpu_s()
-    threads = cpu_delta(threads0, group_thread_cpu_s(server.proc.pid))  # before the scrape below adds its own
-    after = settled_metrics(server)
-    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others.values(), idle0)) if others else None
-    labels = {o.proc.pid: f"idle {n}" for n, o in others.items()} | {os.getpgid(0): "bench"}
-    outside = outside_cpu_s(machine0, machine1, server.proc.pid, labels)
-    return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle,
-            "threads_cpu_s": threads, "outside_cpu_s": outside}
-
-
-def _summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run (one configuration, prompt set and concurrency) from its waves (`_measure`; several in interleaved mode:
-    their wall times and counter deltas add up)."""
-    reqs = [r for w in waves for r in w["reqs"]]
-    run: dict[str, Any] = {"config": cfg.name, "prompt_set": ps, "concurrency": c, "num_prompts": len(reqs),
-                           "ok": True, "rounds": len(waves)}
-    run.update(**stats.throughput_of_rounds([w["reqs"] for w in waves]), **stats.request_latencies(reqs),
-               loadavg_1m=[waves[0]["load"][0], waves[-1]["load"][1]])
-    if any(w["idle_cpu_s"] is not None for w in waves):  # other servers were up (interleaved mode)
-        run["idle_servers_cpu_s"] = round(sum(w["idle_cpu_s"] or 0.0 for w in waves), 2)
-    threads: dict[str, float] = {}  # this server's CPU seconds per process/thread name while it served the run
-    for w in waves:
-        for k, v in w.get("threads_cpu_s", {}).items():
-            threads[k] = round(threads.get(k, 0.0) + v, 3)
-    run["server_threads_cpu_s"] = threads
-    outside: dict[str, float] = {}  # every other process's CPU seconds while this server ran (what competed with it)
-    for w in waves:
-        for k, v in w.get("outside_cpu_s", {}).items():
-            outside[k] = round(outside.get(k, 0.0) + v, 2)
-    run["outside_cpu_s"] = dict(sorted(outside.items(), key=lambda kv: -kv[1]))
-    # counter deltas of the run, summed over its waves (one wave: after - before), compared with an empty `before`
-    before: dict[str, float] = {}
-    after = stats.sum_deltas([(w["before"], w["after"]) for w in waves])
-    gen = "vllm:generation_tokens_total"  # the server's own count: a cross-check of the clients' usage records
-    run["server_generation_tokens"] = after.get(gen, 0.0) - before.get(gen, 0.0)
-    run["spec_decode"] = stats.spec_decode_delta(before, after) if cfg.method else None
-    run["adaptive"] = stats.adaptive_delta(before, after) if cfg.method else None
-    split = {k: after.get(f"vllm_dflash:{k}_seconds_sum", 0.0) - before.get(f"vllm_dflash:{k}_seconds_sum", 0.0)
-             for k in ("draft_forward", "kv_injection", "target_forward")}
-    draft_s = split["draft_forward"] + split["kv_injection"]
-    run["ours_draft_time_share"] = draft_s / run["wall_s"] if draft_s > 0 and run["wall_s"] > 0 else None
-    # every configuration's worker times its target forwards (DFLASH_PROFILE=1, patches/profile_forward.py)
-    forwards = (after.get("vllm_dflash:target_forward_seconds_count", 0.0)
-                - before.get("vllm_dflash:target_forward_seconds_count", 0.0))
-    run["time_split_s"] = ({**split, "wall": run["wall_s"], "target_forwards": int(forwards)}
-                           if draft_s > 0 or split["target_forward"] > 0 else None)
-    # our gauges at the end of the run (step-cost fit, guard rates): state, not deltas, so the last scrape's values
-    last = waves[-1]["after"]
-    gauges = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("vllm_dflash:")
-              and not k.endswith(("_total", "_sum", "_count", "_bucket", "_created")) and "{" not in k}
-    if gauges:
-        run["dflash_gauges"] = gauges
-    run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
-    run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
-    run["outputs"] = {r["id"]: r["text"] for r in reqs}
-    # the server's token ids, for the exactness check only (_finish_run takes them out before the run is stored)
-    run["token_ids"] = {r["id"]: {"prompt": r.get("prompt_token_ids"), "output": r.get("token_ids")} for r in reqs}
-    return run
-
-
 def _failed(name: str, ps: str, c: int, n_prompts: int, e: Exception) -> dict[str, Any]:
     """The record of a run that failed (logged; the rest of the benchmark goes on)."""
     logger.error("bench: %s / %s / c%d failed: %s", name, ps, c, e)
@@ -272,7 +183,7 @@ def _failed(name: str, ps: str, c: int, n_prompts: int, e: Exception) -> dict[st
 
 def _one_run(server: Any, cfg: BenchConfig, ps: str, items: list[dict[str, Any]], c: int, a: Any) -> dict[str, Any]:
     try:
-        return _summarize(cfg, ps, c, [_measure(server, items, c, a)])
+        return waves.summarize(cfg, ps, c, [waves.measure(server, items, c, a)])
     except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest of the benchmark goes on
         return _failed(cfg.name, ps, c, len(items), e)
 
@@ -433,7 +344,7 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                 its = items[slices[c]]
                 n = interleave_rounds(len(its), c, a.interleave)
                 chunks = [its[r::n] for r in range(n)]
-                waves: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
+                waves_of: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
                 failed: dict[str, dict[str, Any]] = {}
                 for r, chunk in enumerate(chunks):
                     for name in live[r % len(live):] + live[: r % len(live)]:
@@ -442,11 +353,11 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                         others = {o: servers[o] for o in live if o != name}
                         time.sleep(0.5)  # the server that ran last settles (OpenMP threads stop spinning)
                         try:
-                            waves[name].append(_measure(servers[name], chunk, c, a, others))
+                            waves_of[name].append(waves.measure(servers[name], chunk, c, a, others))
                         except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest go on
                             failed[name] = _failed(name, ps, c, len(its), e)
                 for name in sorted(live, key=lambda x: x != "none"):  # none first: the others are explained against it
-                    run = failed.get(name) or _summarize(cfgs[name], ps, c, waves[name])
+                    run = failed.get(name) or waves.summarize(cfgs[name], ps, c, waves_of[name])
                     runs.append(_finish_run(run, servers[name], cfgs[name], its, baseline, tokenizer, t_start))
         return runs
     finally:
