@@ -37,15 +37,23 @@ GROUPS = {  # op name -> group (ops not listed: "other host and glue ops")
 }
 
 
-def _weight_shape(shapes: list) -> tuple[int, int] | None:
-    """(out, in) of a linear call's weight from the recorded input shapes: [out, in] of x @ W.T or the [rows, out]
-    output with [rows, in] input of vLLM's oneDNN op (its weight is hidden in a handle)."""
-    if len(shapes) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
-        (a0, a1), (b0, b1) = shapes[0], shapes[1]
-        if a0 == b0:  # onednn_mm(out [M, N], x [M, K], ...)
-            return a1, b1
-    if len(shapes) >= 3 and len(shapes[2]) == 2:  # weight_packed_linear(out, x, W [N, K], ...)
-        return tuple(shapes[2])
+def _weight_shape(op: str, shapes: list) -> tuple[int, int] | None:
+    """(out, in) of a linear call's weight from the op's recorded input shapes (None when they do not say)."""
+    try:
+        if op == "_C::onednn_mm":  # (out [M, N], x [M, K], bias, handle): the weight hides in the handle
+            return shapes[0][1], shapes[1][1]
+        if op == "_C::weight_packed_linear":  # (out, x, W [N, K], ...)
+            return tuple(shapes[2])
+        if op == "aten::linear":  # (x [M, K], W [N, K], ...)
+            return tuple(shapes[1])
+        if op == "vllm_dflash::linear_bf16":  # (x [M, K], packed [N / 32, 32 K], n, ...): N rounded up to 32
+            return shapes[1][0] * 32, shapes[0][1]
+        if op == "aten::mm":  # (x [M, K], W.T [K, N])
+            return shapes[1][1], shapes[1][0]
+        if op == "aten::addmm":  # (bias, x [M, K], W.T [K, N])
+            return shapes[2][1], shapes[2][0]
+    except (IndexError, TypeError, ValueError):
+        pass
     return None
 
 
@@ -89,7 +97,7 @@ def main() -> None:
     for ev in prof.key_averages(group_by_input_shape=True):
         us = ev.self_cpu_time_total
         if ev.key in GEMM_OPS:
-            shape = _weight_shape(ev.input_shapes)
+            shape = _weight_shape(ev.key, ev.input_shapes)
             if shape is not None:
                 g = gemms.setdefault(shape, {"calls": 0, "us": 0.0, "op": ev.key})
                 g["calls"] += ev.count
