@@ -27,7 +27,8 @@ def test_soak_quick(tmp_path):
     res = json.loads(out.read_text())
     failed = {c["name"]: c["detail"] for c in res["checks"] if not c["ok"]}
     failed.pop("within_time_bound", None)
-    assert not failed, failed
+    # each unexpected outcome with its error, exception chain and connection trace (client.py)
+    assert not failed, (failed, [u for r in res["rounds"] for u in r["unexpected"]])
     assert proc.returncode == (0 if res["passed"] else 1)
     assert res["meta"]["wall_s"] < 1.5 * res["meta"]["duration_limit_s"]
     rounds = res["rounds"]

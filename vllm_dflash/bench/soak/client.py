@@ -7,6 +7,12 @@ event inside a 200 stream), disconnected / timed_out (what the client meant to d
 round's hard deadline: the client closed the connection), or error (anything else: connection reset, unexpected
 client timeout). Each request carries `X-Request-Id: <tag>`, which vLLM uses as
 its request id, so the server log (`--enable-log-requests`) can be matched against the client's outcomes.
+
+A request whose connection fails before any byte of a response (reset, refused, closed: httpx's transport errors
+other than timeouts) is sent once more, on a new connection, as `<tag>-retry1`, as HTTP clients do for a request
+the server never answered (the OpenAI client retries connection errors twice). The outcome is the retry's and keeps
+the first attempt's error, connection and transport trace (`retried`); the report lists every retry, and a first
+attempt the engine did receive (its tag in the server log) fails the soak's accounting as an unaccounted request.
 """
 from __future__ import annotations
 
@@ -39,6 +45,34 @@ class Outcome:
     chunks: int = 0
     latency_s: float = 0.0
     error: str = ""
+    # the HTTP connection: "new" (opened for this request) or "reused" (a pooled keep-alive one), and its last
+    # transport events (httpcore trace names, ms since send) for an `error` outcome
+    connection: str = ""
+    trace: list[str] = field(default_factory=list)
+    retried: dict[str, Any] | None = None  # the first attempt (tag, error, connection, trace) when this is a retry
+
+
+class _Trace:
+    """httpcore trace hook: whether the request opened its own connection, and the last few events."""
+
+    def __init__(self) -> None:
+        self.t0, self.opened, self.events = time.perf_counter(), False, []
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name.startswith("connection.connect_tcp"):
+            self.opened = True
+        if name.endswith((".started", ".failed")) or name.startswith("connection."):
+            self.events = (self.events + [f"{name}@{1e3 * (time.perf_counter() - self.t0):.0f}ms"])[-8:]
+
+
+def _describe(e: BaseException) -> str:
+    """An exception with its cause chain: httpx's ReadError carries no message, the OSError under it does."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts.append(f"{type(e).__name__}: {e}".rstrip(": "))
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts)
 
 
 def _content(choice: dict[str, Any], endpoint: str, stream: bool) -> str:
@@ -48,8 +82,10 @@ def _content(choice: dict[str, Any], endpoint: str, stream: bool) -> str:
     return part.get("content") or ""
 
 
-async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], out: Outcome, timeout: float) -> None:
-    async with client.stream("POST", req.path, json=req.body, headers=headers, timeout=timeout) as r:
+async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], out: Outcome, timeout: float,
+                  trace: _Trace) -> None:
+    async with client.stream("POST", req.path, json=req.body, headers=headers, timeout=timeout,
+                             extensions={"trace": trace}) as r:
         out.http_code = r.status_code
         if r.status_code != 200:
             await r.aread()
@@ -82,22 +118,40 @@ async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], 
         out.status, out.error = ("ok", "") if finished else ("error", "stream ended without [DONE]")
 
 
+RETRY_SUFFIX = "-retry1"
+
+
 async def send(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: float) -> Outcome:
-    """Send one request and classify what came back."""
+    """Send one request and classify what came back; once more if its connection failed before any response."""
+    out = await _send_once(client, req, tag, request_timeout)
+    if out.status == "error" and out.http_code is None and out.chunks == 0 and out.error.startswith(_NO_RESPONSE):
+        first = {"tag": tag, "error": out.error, "connection": out.connection, "trace": out.trace,
+                 "latency_s": round(out.latency_s, 3)}
+        out = await _send_once(client, req, tag + RETRY_SUFFIX, request_timeout)
+        out.retried = first
+    return out
+
+
+# httpx's transport errors that leave no response (timeouts are classified on their own)
+_NO_RESPONSE = ("ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "CloseError")
+
+
+async def _send_once(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: float) -> Outcome:
     out = Outcome(tag=tag, kind=req.kind, case=req.case, endpoint=req.endpoint, stream=req.stream, status="error",
                   max_tokens=(req.body or {}).get("max_tokens"), stop=list(req.stop))
     headers = {"X-Request-Id": tag}
     timeout = req.client_timeout or request_timeout
-    t0 = time.perf_counter()
+    t0, trace = time.perf_counter(), _Trace()
     try:
         if req.stream:
-            await _stream(client, req, headers, out, timeout)
+            await _stream(client, req, headers, out, timeout, trace)
         else:
             if req.raw is not None:
-                r = await client.post(req.path, content=req.raw, timeout=timeout,
+                r = await client.post(req.path, content=req.raw, timeout=timeout, extensions={"trace": trace},
                                       headers={**headers, "Content-Type": "application/json"})
             else:
-                r = await client.post(req.path, json=req.body, headers=headers, timeout=timeout)
+                r = await client.post(req.path, json=req.body, headers=headers, timeout=timeout,
+                                      extensions={"trace": trace})
             out.http_code = r.status_code
             if r.status_code == 200:
                 js = r.json()
@@ -112,8 +166,11 @@ async def send(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: f
         out.status = "timed_out" if req.kind == "timeout" else "error"
         out.error = f"client timeout after {timeout:.1f}s ({type(e).__name__})"
     except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError) as e:
-        out.status, out.error = "error", f"{type(e).__name__}: {e}"[:300]
+        out.status, out.error = "error", _describe(e)[:300]
     out.latency_s = time.perf_counter() - t0
+    out.connection = "new" if trace.opened else "reused"
+    if out.status == "error":
+        out.trace = trace.events
     return out
 
 

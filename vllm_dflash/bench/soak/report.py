@@ -13,7 +13,7 @@ from typing import Any
 MEMORY_GROWTH_LIMIT = 0.05
 EXPECTED = {"greedy": {"ok", "cut"}, "sampled": {"ok", "cut"}, "disconnect": {"disconnected", "ok", "cut"},
             "timeout": {"timed_out", "ok", "cut"}, "malformed": {"http_4xx"}}
-_TAG = re.compile(r"soak-[a-z0-9]+-\d+")
+_TAG = re.compile(r"soak-[a-z0-9]+-\d+(?:-retry1)?")  # client.RETRY_SUFFIX: a resent request's tag
 
 
 def parse_server_log(text: str) -> dict[str, set[str]]:
@@ -69,6 +69,9 @@ def summarize_round(outcomes: list[dict[str, Any]], alone: dict[str, str], secon
         "timed_out": counts.get("timed_out", 0),
         "cut_at_deadline": counts.get("cut", 0),
         "errors": counts.get("error", 0),
+        # sent again after a connection failure before any response (client.send); first attempt's error and trace
+        "retried": [{"tag": o["tag"], "status": o["status"], **{f"first_{k}": v for k, v in o["retried"].items()}}
+                    for o in outcomes if o.get("retried")],
         "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
         "malformed": {"sent": len(malformed), "rejected_4xx": sum(o["status"] == "http_4xx" for o in malformed),
                       "codes": dict(Counter(str(o["http_code"]) for o in malformed)),
@@ -87,7 +90,7 @@ def summarize_round(outcomes: list[dict[str, Any]], alone: dict[str, str], secon
 
 def _brief(o: dict[str, Any]) -> dict[str, Any]:
     return {"tag": o["tag"], "kind": o["kind"], "case": o["case"], "status": o["status"], "http_code": o["http_code"],
-            "error": o["error"][:200]}
+            "error": o["error"][:200], "connection": o.get("connection", ""), "trace": o.get("trace", [])}
 
 
 def account(outcomes: list[dict[str, Any]], log: dict[str, set[str]], prefix: str) -> dict[str, Any]:
@@ -128,8 +131,11 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     checks.append(_check("malformed_rejected", mal == 0 and sum(r["malformed"]["sent"] for r in rounds) > 0,
                          f"{mal} malformed requests not rejected with 4xx"))
     unexp = sum(len(r["unexpected"]) for r in rounds)
+    retried = sum(len(r.get("retried", [])) for r in rounds)
     checks.append(_check("every_request_answered", unexp == 0 and tot("errors") == 0,
-                         f"{unexp} unexpected outcomes, {tot('errors')} client errors / lost responses"))
+                         f"{unexp} unexpected outcomes, {tot('errors')} client errors / lost responses"
+                         + (f"; {retried} sent again after a connection failure before any response (listed per round;"
+                            " a first attempt the engine received fails nothing_lost)" if retried else "")))
     inval = sum(len(r["invalid_outputs"]) for r in rounds)
     checks.append(_check("outputs_valid", inval == 0, f"{inval} completed responses with invalid token counts, "
                                                       "finish reasons or stop strings"))
@@ -212,7 +218,11 @@ must be idle: no running or waiting request, KV-cache usage 0. The RSS of the se
 engine core, worker) is sampled every 0.5 s; growth is measured over the last round (from the end of the round
 before it), per process too. Every request carries an `X-Request-Id`, which vLLM uses as its request id, so the
 server log is matched against the client's view: each request the engine received either completed or was aborted,
-and every client disconnect or timeout was aborted by the server. Bad configurations (not JSON, missing draft
+and every client disconnect or timeout was aborted by the server. A request whose connection fails before any byte
+of a response (CI once saw a connection reset on a request the server never logged, on a loaded machine) is sent once more on a
+new connection under its own tag, as HTTP clients do; the tables count these, the JSON keeps each first attempt's
+error chain, connection (new or reused) and transport trace, and a first attempt the engine did receive fails the
+accounting. Bad configurations (not JSON, missing draft
 folder, a draft for another target, block size 6) must make `vllm serve` exit non-zero with a message naming the
 problem. vLLM 0.32 has no server-side per-request timeout (only shutdown, keep-alive and engine-step timeouts), so
 the timed-out requests are client timeouts; the server aborts them when the connection closes, which the log
@@ -260,6 +270,8 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "4xx on valid requests": str(sum(len(r["valid_4xx"]) for r in rounds)),
         "failed with 5xx or an error event": str(_sum(res, "failed_5xx")),
         "client errors / lost responses": str(_sum(res, "errors")),
+        "sent again after a connection failure before any response": str(
+            sum(len(r.get("retried", [])) for r in rounds)),
         "disconnected mid-stream / client timeouts / cut at a round's deadline":
             f"{_sum(res, 'disconnected')} / {_sum(res, 'timed_out')} / "
             f"{sum(r.get('cut_at_deadline', 0) for r in rounds)}",

@@ -238,8 +238,11 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
             res["rounds"].append(summ)
             res.setdefault("_outcomes", []).append(outs)
             log(f"round {r}: sent {summ['sent']}, completed {summ['completed']}, 4xx {summ['rejected_4xx']}, "
-                f"5xx {summ['failed_5xx']}, greedy {summ['greedy']['identical']}/{summ['greedy']['compared']}, "
+                f"5xx {summ['failed_5xx']}, unexpected {len(summ['unexpected'])}, "
+                f"greedy {summ['greedy']['identical']}/{summ['greedy']['compared']}, "
                 f"{summ['output_tok_s']} tok/s, RSS {summ['after']['rss_bytes'] / 2**20:.0f} MiB")
+            for u in summ["unexpected"]:
+                log(f"  unexpected: {u}")
         final, _ = run_drive(srv.url, [first], "soak-final", 1, a.request_timeout, None, "final check")
         same = final[0]["text"] == res["alone"]["outputs"][first.case]
         res["final"] = {"case": first.case, "status": final[0]["status"], "text": final[0]["text"],
