@@ -190,6 +190,27 @@ def test_controller_obeys_the_guard():
     assert not d.plan(["r"], [no_match], query_tokens=1, decode_only=True).needs_block  # the guard wins
 
 
+def test_guard_compares_each_window_with_both_of_its_flanks():
+    """The plan is 20 % faster throughout, but the machine speeds up while the guard measures: the plan's first
+    window (1.38 tokens/s) is slower than the 'off' window after it (1.55). Judged against the mean of the plan
+    windows before and after it (1.86), 'off' loses; a sequential comparison would have turned speculation off."""
+    g = SpeculationGuard(window=4, explore_every=2)
+    arms, step = [], 0
+    while g.rate["off"] is None or g._exploring or g._explored is not None:
+        arms.append(g.arm)
+        base = 1.0 + 0.1 * step  # the machine's speed, rising 10 % of its first step's per step
+        g.record((1.2 if g.arm == "plan" else 1.0) * base, 1.0)
+        step += 1
+    assert arms == ["plan"] * 4 + ["off"] * 4 + ["plan"] * 4  # plan, off, then the plan again as its flank
+    assert g.rate["off"] == pytest.approx(1.55) and g.rate["plan"] == pytest.approx((1.38 + 2.34) / 2)
+    assert g.best == "plan" and g.arm == "plan"
+    # the same drift, slowing down: still the plan
+    h = SpeculationGuard(window=4, explore_every=2)
+    for step in range(12):
+        h.record((1.2 if h.arm == "plan" else 1.0) * (3.0 - 0.1 * step), 1.0)
+    assert h.rate["off"] is not None and h.best == "plan"
+
+
 def test_guard_backs_off_exploring_a_confirmed_loser():
     g = SpeculationGuard(window=2, explore_every=2, max_gap=8)
     arms = []

@@ -189,6 +189,12 @@ class SpeculationGuard:
     path, batch effects), so speculation that does not pay on this machine turns itself off, and stays off at
     little exploration cost.
 
+    Every comparison is flanked (A B A): a window of the other arm runs between two windows of the running one, and
+    it is judged against their mean. The speed of a 2-core machine drifts by tens of percent within minutes and a
+    batch's requests grow longer as they decode, so a window compared with one measured earlier mostly measures the
+    drift: measured at concurrency 32 on chat prompts, a cold first window of the plan (544 tokens/s) against a later
+    'off' window (671-770) kept speculation off for 53 of 122 steps, while the plan's next windows ran at 847-881.
+
     Measuring 'off' costs a window of steps without speculation, which is the price of every batch-size bucket's
     first windows in a short burst of traffic. So the guard only measures 'off' while the models' own forecast of
     the plan (`predict`: output tokens/s of the plan over no speculation, from measured acceptance and measured step
@@ -206,8 +212,10 @@ class SpeculationGuard:
         self.arm = "plan"  # the arm of the current window
         self.windows = 0
         self.gap = explore_every  # windows of the winner before the loser is measured again
-        self._since_explore = 0
-        self._exploring = False
+        self._since_explore = 0  # windows of the running arm since the last exploration
+        self._exploring = False  # the current window measures the other arm
+        self._before: float | None = None  # the running arm's window just before the one being explored
+        self._explored: tuple[str, float] | None = None  # (arm, rate) of the window just explored: now its flank
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
 
     def predict(self, speedup: float) -> None:
@@ -235,28 +243,40 @@ class SpeculationGuard:
         if self._n < self.window:
             return
         r = self._tokens / max(self._seconds, 1e-9)
-        old = self.rate[self.arm]
-        winner_before = self.best
-        self.rate[self.arm] = r if old is None else self.ema * r + (1 - self.ema) * old
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
         self.windows += 1
+        if self._exploring:  # the other arm's window just ended: its flank, a window of the running arm, comes next
+            self._exploring, self._explored = False, (self.arm, r)
+            self.arm = "off" if self.arm == "plan" else "plan"
+            return
+        if self._explored is not None:  # the flank ended: judge the explored window against both of its flanks
+            (other, r_other), mine = self._explored, r if self._before is None else (self._before + r) / 2
+            first, winner_before = self.rate[other] is None, self.best
+            self.rate[self.arm], self.rate[other] = mine, r_other
+            self._explored = self._before = None
+            if not first:
+                self.gap = min(2 * self.gap, self.max_gap) if self.best == winner_before else self.explore_every
+            self._since_explore = 1  # the flank was a window of the running arm
+            self.arm = self.best
+            return
+        old = self.rate[self.arm]
+        self.rate[self.arm] = r if old is None else self.ema * r + (1 - self.ema) * old
         untried = [a for a in self.ARMS if self.rate[a] is None]
         if untried and not (untried == ["off"] and self.sure):
-            self.arm = untried[0]
+            self._explore(untried[0], r)
             return
         if self.sure:  # 'off' never measured and the plan forecast a clear win: keep it
             self.arm = "plan"
             return
-        if self._exploring:  # a re-measurement of the loser just ended
-            self._exploring = False
-            self.gap = min(2 * self.gap, self.max_gap) if self.best == winner_before else self.explore_every
         self._since_explore += 1
-        if self._since_explore > self.gap:
-            self._since_explore = 0
-            self._exploring = True
-            self.arm = "off" if self.best == "plan" else "plan"
+        if self._since_explore >= self.gap:  # `gap` windows of the running arm (its flank included) since the last one
+            self._explore("off" if self.best == "plan" else "plan", r)
         else:
             self.arm = self.best
+
+    def _explore(self, other: str, before: float) -> None:
+        """Measure `other` for a window, between the window that just ended (rate `before`) and the next one."""
+        self._since_explore, self._exploring, self._before, self.arm = 0, True, before, other
 
 
 def batch_bucket(num_reqs: int) -> int:
