@@ -3,7 +3,8 @@
 hold their context rows, and the next draft forward injects them. After the generation (the held rows injected),
 the draft's KV cache at every context position equals the cache of an engine that injects every step, the output
 equals the target's greedy output, and steps were really deferred. Negative control: dropping the held rows leaves
-the cache visibly different."""
+the cache visibly different. With adaptive "ngram" (prompt lookup only: no draft forward ever reads the cache) no
+row is combined or injected at all."""
 import pytest
 import torch
 
@@ -36,6 +37,22 @@ def _drop(self, hidden=None, positions=None, slots=None):
     self._hidden, self._positions, self._slots = [], [], []  # fault: the held rows are lost
     return _take(self, hidden, positions, slots)
 DeferredContext.take = _drop
+"""
+# count the context rows combined (fc) and injected into the draft's cache, whichever path does it
+COUNT = """
+from vllm_dflash.integration import proposer as P
+from vllm_dflash.integration import vllm_model as VM
+P._test_rows = {"combined": 0, "injected": 0}
+for _name, _key in (("combine_hidden_states", "combined"), ("precompute_and_store_context_kv", "injected")):
+    def _counted(self, x, *a, _f=getattr(VM.DFlashDraftForVllm, _name), _key=_key, **k):
+        P._test_rows[_key] += int(x.shape[0])
+        return _f(self, x, *a, **k)
+    setattr(VM.DFlashDraftForVllm, _name, _counted)
+"""
+COUNT_PROBE = """
+from vllm_dflash.integration import proposer as P
+d = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+probe["rows"] = dict(P._test_rows, held=d._deferred.deferred_total if d._deferred is not None else 0)
 """
 # inject what is still held, then read K/V of every context position from each draft layer's cache (CPU "vec" layout)
 PROBE = f"""
@@ -71,13 +88,17 @@ def results(pair):
         "eager": {**common, "speculative_config": {**spec, "defer_injection": False}, "patch": RECORD},
         "deferred": {**common, "speculative_config": spec, "patch": RECORD},
         "dropped": {**common, "speculative_config": spec, "patch": DROP_HELD},
+        "ngram_mode": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
+                       "speculative_config": {**spec, "adaptive": "ngram"}, "patch": COUNT, "after": COUNT_PROBE},
+        "counted": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
+                    "speculative_config": spec, "patch": COUNT, "after": COUNT_PROBE},
     }
     names = list(runs)
     return dict(zip(names, run_vllm([runs[n] for n in names])))
 
 
 def test_output_is_the_targets(results):
-    for name in ("eager", "deferred", "dropped"):
+    for name in ("eager", "deferred", "dropped", "ngram_mode", "counted"):
         assert results[name]["tokens"] == results["base"]["tokens"], name
 
 
@@ -95,3 +116,11 @@ def test_lost_rows_would_be_caught(results):
     eager = torch.tensor(results["eager"]["probe"]["kv"])
     dropped = torch.tensor(results["dropped"]["probe"]["kv"])
     assert float((dropped - eager).abs().max()) > 0.01
+
+
+def test_prompt_lookup_only_keeps_no_context(results):
+    """adaptive "ngram": no draft forward runs, so no step's rows are held, combined or injected; the default adaptive
+    mode on the same prompt holds, combines and injects rows (the counters see them: the check can fail)."""
+    assert results["ngram_mode"]["probe"]["rows"] == {"combined": 0, "injected": 0, "held": 0}
+    counted = results["counted"]["probe"]["rows"]
+    assert counted["combined"] > 0 and counted["injected"] > 0 and counted["held"] > 0, counted
