@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--config", default=None, help="(internal) run one config in this process")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ops", type=int, default=0, metavar="N",
+                    help="also profile N decode steps of the measured run (from its 20th step) with torch.profiler "
+                         "and print the top operators by self CPU time per step")
     ap.add_argument("--spec-extra", action="append", default=[], metavar="CONFIG:KEY=VALUE",
                     help="a speculative-config override, as `vllm-dflash bench --spec-extra` takes it (repeatable)")
     a = ap.parse_args()
@@ -54,7 +57,7 @@ def main() -> None:
         import sys
         for c in a.configs.split(","):
             subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
-                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens)]
+                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--ops", str(a.ops)]
                            + [f"--spec-extra={x}" for x in a.spec_extra if x.startswith(c + ":")]
                            + (["--json", f"{a.json}.{c}.json"] if a.json else []), check=True)
         return
@@ -118,10 +121,19 @@ def main() -> None:
     wrap(model, "compute_logits", "logits")
     f = core.step_fn  # bound at init (step or step_with_batch_queue); the in-process client calls it
 
+    OPS: dict = {}  # the torch.profiler of --ops while it runs; "table" after it
+
     def stepw(*x, **k):
         CUR.clear()
+        if a.ops and MEASURED and len(REC) == 20 and "prof" not in OPS:
+            import torch.profiler as tp
+            OPS["prof"] = tp.profile(activities=[tp.ProfilerActivity.CPU])
+            OPS["prof"].__enter__()
         t = time.perf_counter()
         out = f(*x, **k)
+        if "prof" in OPS and "table" not in OPS and len(REC) == 20 + a.ops - 1:
+            OPS["prof"].__exit__(None, None, None)
+            OPS["table"] = OPS["prof"].key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
         rec = dict(CUR)
         rec["step"] = time.perf_counter() - t
         rec["query_tokens"] = LAST.pop("n", 0)
@@ -132,6 +144,7 @@ def main() -> None:
         return out
     core.step_fn = stepw
     LAST: dict = {}
+    MEASURED: list = []  # non-empty once the measured run starts (--ops profiles inside it only)
     orig_sched = sched.schedule
 
     def sched_w(*x, **k):
@@ -146,6 +159,7 @@ def main() -> None:
     llm.chat([items[-1]["messages"]], sp, use_tqdm=False)  # warm-up
     llm.chat([it["messages"] for it in items[: a.concurrency]], sp, use_tqdm=False)  # warm-up at this batch
     REC.clear()
+    MEASURED.append(True)
     t0 = time.perf_counter()
     outs = llm.chat([it["messages"] for it in items[a.concurrency: 2 * a.concurrency]], sp, use_tqdm=False)
     wall = time.perf_counter() - t0
@@ -163,6 +177,9 @@ def main() -> None:
     if pk:
         print("  drafter parts ms/step: " + " ".join(f"{k[2:]} {1e3 * sum(r.get(k, 0.0) for r in dec) / len(dec):.2f}"
                                               for k in pk), flush=True)
+    if "table" in OPS:
+        print(f"  torch.profiler, {a.ops} decode steps from the 20th (self CPU time over all {a.ops}):")
+        print(OPS["table"], flush=True)
     if a.json:
         json.dump({"config": a.config, "wall": wall, "tokens": ntok, "steps": dec}, open(a.json, "w"))
 
