@@ -16,7 +16,9 @@ echo 19 > /proc/self/autogroup 2>/dev/null || true
 RUN=${RUN:-smollm2-b8-r3}
 DATA=${DATA:-data/collect/smollm2-v1,data/collect/smollm2-v2,data/collect/smollm2-gpu1,data/collect/smollm2-gpu2,data/collect/smollm2-gpu3}
 ROUND_MINUTES=${ROUND_MINUTES:-40}
-MAX_STEPS=${MAX_STEPS:-40000}
+# the lr schedule's horizon: warm-up is 4 % of it, so at the 10-30 s a fine-tuning step takes on 2 cores (feature
+# bound), 40,000 steps meant 5-13 hours of warm-up; 3,000 is about 17 hours, a few sessions
+MAX_STEPS=${MAX_STEPS:-3000}
 LR=${LR:-3e-4}   # fine-tuning lr
 BUDGET_MINUTES=${BUDGET_MINUTES:-}   # set: the lr schedule is fitted to this much training time (first round measures the rate)
 INIT_DRAFT=${INIT_DRAFT-models/SmolLM2-135M-Instruct-DFlash-b8}   # fine-tune from the bundled draft; INIT_DRAFT= : scratch
