@@ -101,6 +101,8 @@ def main() -> None:
             out = plan_f(self, *x, **k)
             g = self.guard
             PLAN.update(srcs={s: out.sources.count(s) for s in set(out.sources)}, drafted=sum(out.ks),
+                        matched=sum(len(t) > 0 for t in out.lookups),  # requests with a prompt-lookup match
+                        matched_unused=sum(len(t) > 0 and k == 0 for t, k in zip(out.lookups, out.ks)),
                         block=bool(out.needs_block), cost=[self.cost.alpha, self.cost.beta],
                         block_cost=[self.block_cost.alpha, self.block_cost.beta], arm=g.arm,
                         forecast=g.forecast, rates={a: g.rate[a] for a in g.ARMS})
