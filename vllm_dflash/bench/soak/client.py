@@ -127,7 +127,8 @@ async def send(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: f
     if out.status == "error" and out.http_code is None and out.chunks == 0 and out.error.startswith(_NO_RESPONSE):
         first = {"tag": tag, "error": out.error, "connection": out.connection, "trace": out.trace,
                  "latency_s": round(out.latency_s, 3)}
-        out = await _send_once(client, req, tag + RETRY_SUFFIX, request_timeout)
+        async with httpx.AsyncClient(base_url=client.base_url, trust_env=False) as fresh:  # a new connection
+            out = await _send_once(fresh, req, tag + RETRY_SUFFIX, request_timeout)
         out.retried = first
     return out
 
