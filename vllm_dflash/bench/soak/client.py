@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import httpx
 
-from vllm_dflash.bench.soak.plan import Req
+from vllm_dflash.bench.soak.plan import RETRY_SUFFIX, Req
 
 
 @dataclass
@@ -116,9 +116,6 @@ async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], 
                 return  # leaving the context closes the connection mid-stream
         out.text = "".join(parts)
         out.status, out.error = ("ok", "") if finished else ("error", "stream ended without [DONE]")
-
-
-RETRY_SUFFIX = "-retry1"
 
 
 async def send(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: float) -> Outcome:

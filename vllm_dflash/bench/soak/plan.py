@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 STOP_SETS = [["\n\n"], ["```"], ["def ", "class "], ["return"], ["."], ["\n"]]
+RETRY_SUFFIX = "-retry1"  # the tag of a request sent once more after its connection failed (client.send)
+
 MALFORMED = ["too_long_prompt", "negative_max_tokens", "huge_max_tokens", "bad_temperature", "bad_top_p",
              "unknown_model", "broken_json"]
 

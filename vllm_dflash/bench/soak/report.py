@@ -10,10 +10,12 @@ import statistics
 from collections import Counter
 from typing import Any
 
+from vllm_dflash.bench.soak.plan import RETRY_SUFFIX
+
 MEMORY_GROWTH_LIMIT = 0.05
 EXPECTED = {"greedy": {"ok", "cut"}, "sampled": {"ok", "cut"}, "disconnect": {"disconnected", "ok", "cut"},
             "timeout": {"timed_out", "ok", "cut"}, "malformed": {"http_4xx"}}
-_TAG = re.compile(r"soak-[a-z0-9]+-\d+(?:-retry1)?")  # client.RETRY_SUFFIX: a resent request's tag
+_TAG = re.compile(r"soak-[a-z0-9]+-\d+(?:" + re.escape(RETRY_SUFFIX) + ")?")  # a resent request too
 
 
 def parse_server_log(text: str) -> dict[str, set[str]]:
@@ -131,7 +133,7 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     checks.append(_check("malformed_rejected", mal == 0 and sum(r["malformed"]["sent"] for r in rounds) > 0,
                          f"{mal} malformed requests not rejected with 4xx"))
     unexp = sum(len(r["unexpected"]) for r in rounds)
-    retried = sum(len(r.get("retried", [])) for r in rounds)
+    retried = _retried(rounds)
     checks.append(_check("every_request_answered", unexp == 0 and tot("errors") == 0,
                          f"{unexp} unexpected outcomes, {tot('errors')} client errors / lost responses"
                          + (f"; {retried} sent again after a connection failure before any response (listed per round;"
@@ -219,10 +221,10 @@ engine core, worker) is sampled every 0.5 s; growth is measured over the last ro
 before it), per process too. Every request carries an `X-Request-Id`, which vLLM uses as its request id, so the
 server log is matched against the client's view: each request the engine received either completed or was aborted,
 and every client disconnect or timeout was aborted by the server. A request whose connection fails before any byte
-of a response (CI once saw a connection reset on a request the server never logged, on a loaded machine) is sent once more on a
-new connection under its own tag, as HTTP clients do; the tables count these, the JSON keeps each first attempt's
-error chain, connection (new or reused) and transport trace, and a first attempt the engine did receive fails the
-accounting. Bad configurations (not JSON, missing draft
+of a response (CI once saw a connection reset on a request the server never logged, on a loaded machine) is sent
+once more on a new connection under its own tag, as HTTP clients do; the tables count these, the JSON keeps each
+first attempt's error chain, connection (new or reused) and transport trace, and a first attempt the engine did
+receive fails the accounting. Bad configurations (not JSON, missing draft
 folder, a draft for another target, block size 6) must make `vllm serve` exit non-zero with a message naming the
 problem. vLLM 0.32 has no server-side per-request timeout (only shutdown, keep-alive and engine-step timeouts), so
 the timed-out requests are client timeouts; the server aborts them when the connection closes, which the log
@@ -249,6 +251,11 @@ def _sum(res: dict[str, Any], key: str) -> int:
     return sum(r[key] for r in res.get("rounds", []))
 
 
+def _retried(rounds: list[dict[str, Any]]) -> int:
+    """Requests sent again after a connection failure before any response, over the rounds."""
+    return sum(len(r.get("retried", [])) for r in rounds)
+
+
 def _rows(res: dict[str, Any]) -> dict[str, str]:
     meta, rounds, mem = res["meta"], res.get("rounds", []), res.get("memory", {})
     mal = sum(r["malformed"]["sent"] for r in rounds)
@@ -270,8 +277,7 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "4xx on valid requests": str(sum(len(r["valid_4xx"]) for r in rounds)),
         "failed with 5xx or an error event": str(_sum(res, "failed_5xx")),
         "client errors / lost responses": str(_sum(res, "errors")),
-        "sent again after a connection failure before any response": str(
-            sum(len(r.get("retried", [])) for r in rounds)),
+        "sent again after a connection failure before any response": str(_retried(rounds)),
         "disconnected mid-stream / client timeouts / cut at a round's deadline":
             f"{_sum(res, 'disconnected')} / {_sum(res, 'timed_out')} / "
             f"{sum(r.get('cut_at_deadline', 0) for r in rounds)}",
