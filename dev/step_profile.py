@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=0, metavar="N",
                     help="also profile N decode steps of the measured run (from its 20th step) with torch.profiler "
                          "and print the top operators by self CPU time per step")
+    ap.add_argument("--pin-off", action="store_true",
+                    help="ours: pin every adaptive guard to 'off' (no speculation, nothing planned), to measure what "
+                         "a speculative engine costs when it drafts nothing")
     ap.add_argument("--spec-extra", action="append", default=[], metavar="CONFIG:KEY=VALUE",
                     help="a speculative-config override, as `vllm-dflash bench --spec-extra` takes it (repeatable)")
     a = ap.parse_args()
@@ -58,6 +61,7 @@ def main() -> None:
         for c in a.configs.split(","):
             subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
                             "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--ops", str(a.ops)]
+                           + (["--pin-off"] if a.pin_off else [])
                            + [f"--spec-extra={x}" for x in a.spec_extra if x.startswith(c + ":")]
                            + (["--json", f"{a.json}.{c}.json"] if a.json else []), check=True)
         return
@@ -94,6 +98,15 @@ def main() -> None:
             if hasattr(prop, name):
                 wrap(prop, name, "p." + name)
         wrap(AdaptiveController, "plan", "p.plan")
+        if a.pin_off:
+            from vllm_dflash.adaptive.policy import SpeculationGuard
+            init = SpeculationGuard.__init__
+
+            def pinned(self, *x, **k):
+                init(self, *x, **k)
+                self.arm, self.rate = "off", {"plan": 0.0, "off": 1.0}
+                self.record = lambda *x, **k: None
+            SpeculationGuard.__init__ = pinned
         plan_f = AdaptiveController.plan
 
         @functools.wraps(plan_f)
@@ -103,7 +116,7 @@ def main() -> None:
             PLAN.update(srcs={s: out.sources.count(s) for s in set(out.sources)}, drafted=sum(out.ks),
                         matched=sum(len(t) > 0 for t in out.lookups),  # requests with a prompt-lookup match
                         matched_unused=sum(len(t) > 0 and k == 0 for t, k in zip(out.lookups, out.ks)),
-                        block=bool(out.needs_block), cost=[self.cost.alpha, self.cost.beta],
+                        block=bool(out.needs_block), cost=[self.cost.alpha, self.cost.beta, self.cost.delta],
                         block_cost=[self.block_cost.alpha, self.block_cost.beta], arm=g.arm,
                         forecast=g.forecast, rates={a: g.rate[a] for a in g.ARMS})
             return out

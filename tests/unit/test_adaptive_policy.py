@@ -59,6 +59,35 @@ def test_cost_model_recovers_a_line():
     assert m.alpha == pytest.approx(0.027, abs=0.002) and m.beta == pytest.approx(0.00185, rel=0.1)
 
 
+def test_cost_model_separates_request_cost_from_token_cost():
+    """A batch draining from 32 requests to 1 while the plan's draft lengths move: T = 20 ms + 0.2 ms per query token
+    + 1.5 ms per request. Fitted per request, the draft-token slope is the true 0.2 ms; one slope over n (no num_reqs)
+    charges the per-request cost to every query token and reads it 2.5 times dearer or more."""
+    rng = np.random.default_rng(0)
+    two, one = StepCostModel(), StepCostModel()
+    for step in range(300):  # down to 8 requests
+        B = 32 - step // 12
+        n = B + int(rng.integers(B, 2 * B + 1))  # 1..2 drafts per request on average
+        t = 0.020 + 0.0002 * n + 0.0015 * B + rng.normal(0, 0.0005)
+        two.observe(n, t, B)
+        one.observe(n, t)
+    assert two.beta == pytest.approx(0.0002, abs=0.0001) and two.delta == pytest.approx(0.0015, abs=0.0003)
+    assert one.beta > 2.5 * 0.0002  # the one-slope fit
+    assert two(60, 20) == pytest.approx(0.020 + 0.0002 * 60 + 0.0015 * 20, rel=0.05)
+
+
+def test_cost_model_slopes_stay_non_negative():
+    """Steps that got faster with more requests (noise, a machine speeding up) never make a request or a token
+    'free': delta and beta are held at 0, not fitted negative, and the level still matches the data."""
+    m = StepCostModel()
+    rng = np.random.default_rng(1)
+    for step in range(200):
+        B = int(rng.integers(1, 33))
+        m.observe(2 * B, 0.06 - 0.0005 * B + rng.normal(0, 0.0002), B)
+    assert m.beta >= 0.0 and m.delta >= 0.0
+    assert m(32, 16) == pytest.approx(0.052, rel=0.1)
+
+
 def test_cost_model_without_spread_keeps_the_slope():
     m = StepCostModel(alpha=0.03, beta=0.002)
     for _ in range(50):
@@ -399,9 +428,9 @@ def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
     c.observe_block(1, 0.03)
     seen = []
-    c.cost.observe = lambda n, dt: seen.append((n, round(dt, 6)))
+    c.cost.observe = lambda n, dt, reqs=0: seen.append((n, round(dt, 6), reqs))
     c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
-    assert seen == [(8, 0.01)] and c.block_cost.num_obs == 1
+    assert seen == [(8, 0.01, 1)] and c.block_cost.num_obs == 1
 
 
 def test_a_measured_off_arm_plans_nothing():

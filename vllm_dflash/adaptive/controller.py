@@ -149,8 +149,8 @@ class AdaptiveController:
         dt = None
         if self._last_t is not None and decode_only and query_tokens > 0:
             dt = now - self._last_t - self._block_s
-            if dt < 10 * self.cost(query_tokens) + 0.05:  # an idle gap between requests is not a step cost
-                self.cost.observe(query_tokens, dt)
+            if dt < 10 * self.cost(query_tokens, len(req_ids)) + 0.05:  # an idle gap is not a step cost
+                self.cost.observe(query_tokens, dt, len(req_ids))  # the step just verified: these requests
             else:
                 dt = None
         self._last_t, block_s, self._block_s = now, self._block_s, 0.0

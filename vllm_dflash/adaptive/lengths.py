@@ -11,8 +11,9 @@ docs/ADAPTIVE.md). This class is that choice, free of vLLM:
   a match in the request's tokens as the scheduler knows them (`CONTEXTS`; two steps behind the drafter's view).
   On code a copy span lasts many steps, so a match there predicts a long accepted prompt-lookup proposal, and no
   match predicts the DFlash block's (lower) acceptance.
-- **Step cost** T(n) = alpha + beta * n from the time between consecutive step outputs (under overlap the worker
-  runs steps back to back, so that gap is the step's duration) and the tokens the step scheduled.
+- **Step cost** T(n, B) = alpha + beta * n + delta * B from the time between consecutive step outputs (under
+  overlap the worker runs steps back to back, so that gap is the step's duration), the tokens the step scheduled and
+  its requests.
 - **Plan**: `plan_lengths` over every decoding request, then a `SpeculationGuard` per batch-size bucket that
   compares realised output tokens/s against no speculation, as in the synchronous controller.
 
@@ -48,20 +49,21 @@ class LengthPlanner:
         return g
 
     def observe(self, decision: tuple | None, outcomes: list[tuple[str, int, int]], num_tokens: int,
-                tokens_out: int, decode_only: bool) -> None:
+                tokens_out: int, decode_only: bool, num_reqs: int = 0) -> None:
         """One step's output. decision: (bucket, arm, {req_id: context}) of the plan that set its drafts (None:
         unknown);
         outcomes: (req_id, drafts verified, drafts accepted) per request that verified drafts; num_tokens: query
-        tokens the step fed the target; tokens_out: tokens it produced; decode_only: no prefill chunk in it."""
+        tokens the step fed the target; tokens_out: tokens it produced; decode_only: no prefill chunk in it;
+        num_reqs: requests in the step (0: unknown, the step cost is then fitted on num_tokens alone)."""
         now = self.clock()
         dt = None if self._last_t is None else now - self._last_t
         self._last_t = now
         ctx = decision[2] if decision is not None else {}
         for rid, k, a in outcomes:
             self.acceptance.observe(rid, ctx.get(rid, ANY), k, max(0, min(a, k)))
-        if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens) + 0.05:
+        if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens, num_reqs) + 0.05:
             return  # a prefill step's time is not a decode cost; a long gap is idle time, not a step
-        self.cost.observe(num_tokens, dt)
+        self.cost.observe(num_tokens, dt, num_reqs)
         if decision is not None:
             bucket, arm, _ = decision
             self.guard(bucket).record(tokens_out, dt, arm=arm)

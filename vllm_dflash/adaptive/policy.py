@@ -2,11 +2,12 @@
 """The adaptive-drafting policy, free of vLLM: acceptance estimates, an online step-cost model, and the planner
 that turns both into per-request draft lengths.
 
-Model. Verifying a step that feeds the target n query tokens costs T(n) = alpha + beta * n seconds (fitted online
-from measured step times; on CPU the verify cost grows with the tokens fed, on GPU it is flat until compute-bound,
-which the fit also captures as beta ~ 0). A request drafting k tokens yields 1 + sum_{i<=k} P(i) tokens, P(i) the
-probability that the first i drafts are all accepted. The planner picks the k of every request that maximises
-tokens per second of the whole step: sum_r (1 + sum_{i<=k_r} P_r(i)) / T(sum_r (1 + k_r)).
+Model. Verifying a step of B requests that feeds the target n query tokens costs T(n, B) = alpha + beta * n +
+delta * B seconds (fitted online from measured step times; on CPU the verify cost grows with the tokens fed, on GPU it
+is flat until compute-bound, which the fit also captures as beta ~ 0). A request drafting k tokens yields
+1 + sum_{i<=k} P(i) tokens, P(i) the probability that the first i drafts are all accepted. The planner picks the k of
+every request that maximises tokens per second of the whole step: sum_r (1 + sum_{i<=k_r} P_r(i)) /
+T(sum_r (1 + k_r), B).
 
 Because P_r(i) falls with i, the best plan takes the globally largest marginal gains first: sort every
 (request, position) gain, evaluate every prefix, keep the best (O(N log N) for N = batch * k_max, as array
@@ -14,7 +15,7 @@ operations over the whole batch: the planner runs on every step, at every batch 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -89,42 +90,66 @@ class AcceptanceModel:
 
 @dataclass
 class StepCostModel:
-    """Online least squares fit of step time T(n) = alpha + beta * n (n = query tokens fed to the target).
+    """Online least squares fit of step time T(n, B) = alpha + beta * n + delta * B: n query tokens fed to the
+    target, B requests in the step. beta is what one more draft token costs; delta what a request costs beyond its
+    query tokens (its attention over its own context, sampling, output processing).
 
-    Exponentially weighted normal equations (forgetting factor `forget` per observation); a weak prior keeps the
-    fit defined before the batch has shown any spread in n. Units: seconds."""
+    One slope per query token (delta = 0) charges per-request cost to draft tokens wherever the batch size moves with
+    n: at concurrency 32 a 2-core CPU's step read about 28 ms + 0.6 ms per query token, so drafts looked several times
+    dearer than the forward's flat growth in n at a fixed batch, and the planner cut proposals it should have made.
+
+    Exponentially weighted normal equations (forgetting factor `forget` per observation) with a ridge toward the
+    initial values: `prior_weight` pseudo observations per parameter (at the scale of a spread of 16 in n and in B),
+    fading like the data down to a floor of `ridge_floor` of that. The floor keeps a direction the data leave open (a
+    batch that never changes size, n that never moves) at the prior without biasing the rest; beta and delta are kept
+    >= 0 (a step never gets cheaper with more tokens or requests). Units: seconds.
+    Callers that pass no num_reqs fit and evaluate the one-slope model T(n) = alpha + beta * n."""
 
     alpha: float = 0.03
     beta: float = 0.002
+    delta: float = 0.0
     forget: float = 0.98
     prior_weight: float = 2.0
-    _s: np.ndarray = field(default=None)  # type: ignore[assignment]  # sums of [1, n, n^2, t, n*t]
+    ridge_floor: float = 0.01
     num_obs: int = 0
 
     def __post_init__(self):
-        w, a, b = self.prior_weight, self.alpha, self.beta
-        # prior: w observations at n = 1 and w at n = 16 lying on the prior line
-        ns = np.array([1.0, 16.0])
-        ts = a + b * ns
-        self._s = np.array([2 * w, w * ns.sum(), w * (ns ** 2).sum(), w * ts.sum(), w * (ns * ts).sum()])
+        self._theta0 = np.array([self.alpha, self.beta, self.delta])  # [3] the prior (alpha, beta, delta)
+        self._ridge = self.prior_weight * np.array([1.0, 16.0 ** 2, 16.0 ** 2])  # [3] diagonal
+        self._xtx = np.zeros((3, 3))  # weighted sum of x x^T, x = [1, n, B]
+        self._xty = np.zeros(3)  # weighted sum of x * t
 
-    def observe(self, n_tokens: int, seconds: float) -> None:
+    def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0) -> None:
         if seconds <= 0 or n_tokens <= 0:
             return
-        n = float(n_tokens)
-        self._s = self._s * self.forget + np.array([1.0, n, n * n, seconds, n * seconds])
+        x = np.array([1.0, float(n_tokens), float(num_reqs)])
+        self._xtx = self._xtx * self.forget + np.outer(x, x)
+        self._xty = self._xty * self.forget + x * seconds
         self.num_obs += 1
-        s0, s1, s2, st, snt = self._s
-        det = s0 * s2 - s1 * s1
-        if det <= 1e-9 * max(s0 * s2, 1e-12):
-            self.alpha = st / s0 - self.beta * s1 / s0  # no spread in n yet: keep the slope, refit the level
-        else:
-            beta = (s0 * snt - s1 * st) / det
-            self.beta = max(beta, 0.0)  # a step never gets cheaper with more tokens
-            self.alpha = max((st - self.beta * s1) / s0, 1e-6)
+        self.alpha, self.beta, self.delta = self._solve()
 
-    def __call__(self, n_tokens: float) -> float:
-        return self.alpha + self.beta * n_tokens
+    def _solve(self) -> tuple[float, float, float]:
+        """Ridge least squares with beta, delta >= 0: the unconstrained optimum if feasible, else the best of the
+        fits with the offending slopes held at 0 (3 parameters: at most four small solves)."""
+        ridge = self._ridge * max(self.forget ** self.num_obs, self.ridge_floor)  # [3]
+        A = self._xtx + np.diag(ridge)  # [3, 3]
+        y = self._xty + ridge * self._theta0  # [3]
+        best, best_obj = None, np.inf
+        for free in ((0, 1, 2), (0, 1), (0, 2), (0,)):
+            idx = list(free)
+            th = np.zeros(3)
+            th[idx] = np.linalg.solve(A[np.ix_(idx, idx)], y[idx])
+            if (th[1:] < 0).any():
+                continue
+            obj = th @ A @ th - 2.0 * th @ y
+            if obj < best_obj:
+                best, best_obj = th, obj
+            if free == (0, 1, 2):
+                break  # the unconstrained optimum is feasible: nothing beats it
+        return max(float(best[0]), 1e-6), float(best[1]), float(best[2])
+
+    def __call__(self, n_tokens: float, num_reqs: float = 0) -> float:
+        return self.alpha + self.beta * n_tokens + self.delta * num_reqs
 
 
 def gain_matrix(gains) -> np.ndarray:
@@ -159,8 +184,8 @@ def plan_lengths(gains, cost: StepCostModel, extra_tokens: int = 0) -> list[int]
     n0 = float(B + extra_tokens)
     drafted = np.arange(1, flat.size + 1, dtype=np.float64)
     vals = np.empty(flat.size + 1)
-    vals[0] = B / cost(n0)
-    vals[1:] = (B + np.cumsum(flat[order])) / cost(n0 + drafted)
+    vals[0] = B / cost(n0, B)
+    vals[1:] = (B + np.cumsum(flat[order])) / cost(n0 + drafted, B)
     best_m = int(np.argmax(vals))  # the first maximum: a longer plan must be strictly better
     return np.bincount(order[:best_m] // max(K, 1), minlength=B).tolist()
 
@@ -178,7 +203,7 @@ def predicted_speedup(gains, ks: list[int], cost: StepCostModel, extra_tokens: i
     k = np.asarray(ks)
     drafted = int(k.sum())
     tokens = B + float(G[np.arange(K)[None, :] < k[:, None]].sum())
-    return (tokens / (cost(n0 + drafted) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0))
+    return (tokens / (cost(n0 + drafted, B) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0, B))
 
 
 class SpeculationGuard:
@@ -298,6 +323,7 @@ def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: Speculation
         metrics.observe("draft_tokens_per_request", float(k))
     metrics.set("cost_fixed_ms", cost.alpha * 1e3)
     metrics.set("cost_per_token_ms", cost.beta * 1e3)
+    metrics.set("cost_per_request_ms", cost.delta * 1e3)
     for arm in guard.ARMS:
         if guard.rate[arm] is not None:
             metrics.set(f"guard_{arm}_tokens_per_s", guard.rate[arm])

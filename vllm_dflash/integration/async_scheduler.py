@@ -18,7 +18,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 import numpy as np
 
-from vllm_dflash.adaptive.lengths import ANY, LengthPlanner
+from vllm_dflash.adaptive.lengths import LengthPlanner
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.serve.metrics import MetricsSink
 
@@ -102,7 +102,7 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
         decode_only = (not so.scheduled_new_reqs
                        and so.total_num_scheduled_tokens == len(so.num_scheduled_tokens) + num_spec)
         self.planner.observe(self._decisions.pop(id(so), None), outcomes, so.total_num_scheduled_tokens, produced,
-                             decode_only)
+                             decode_only, num_reqs=len(so.num_scheduled_tokens))
         self._outputs += 1
         if self._outputs % 64 == 0:
             self.planner.forget(self.requests)
