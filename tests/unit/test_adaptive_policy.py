@@ -531,3 +531,37 @@ def test_batched_source_choice_equals_one_request_at_a_time(mode):
             src, p = _choose_loop(c, rid, int(m[i]), block)
             assert sources[i] == src, (rid, int(m[i]), block)
             assert np.allclose(gains[i, : len(p)], p, rtol=1e-12, atol=0) and not gains[i, len(p):].any()
+
+
+def test_a_request_whose_context_was_dropped_drafts_without_dflash():
+    """Where 'off' won, the plan says to drop the step's context rows (drop_context; not while 'off' is only being
+    re-measured). A request marked by `context_dropped` is then planned from prompt lookup alone: DFlash and
+    full-length merged proposals need its whole draft context. Another request keeps every source, and a finished
+    request's mark goes with it."""
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    match, nomatch = np.array([3, 4, 5, 6, 3, 4, 5]), np.array([1, 2, 3])
+    c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
+    g = c.guards[c._bucket]
+    g.arm, g.rate["off"], g.rate["plan"] = "off", 12.0, 10.0  # 'off' won
+    assert c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True).drop_context
+    g.rate["off"], g.rate["plan"] = 10.0, 12.0  # the plan wins; 'off' is being re-measured: keep the rows
+    assert not c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True).drop_context
+    g.arm = "plan"
+    fresh = c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
+    assert fresh.sources[1] in ("dflash", "merged")  # no lookup match: the block is its only source
+    c.context_dropped(["b"])
+    stale = c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
+    assert stale.sources[1] == "none" and stale.ks[1] == 0
+    assert stale.sources[0] in ("ngram", "merged", "dflash")  # "a" is not affected
+    c.finished(["b"])
+    assert c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True).sources[1] in ("dflash", "merged")
+
+
+def test_a_stale_request_in_merged_mode_keeps_its_lookup_tokens():
+    """adaptive "merged": a request whose context was dropped still verifies its prompt-lookup tokens (the merged
+    proposal cut to the lookup's length), and the step needs no draft forward for it."""
+    c = AdaptiveController(4, mode="merged", clock=_Clock())
+    match = np.array([3, 4, 5, 6, 3, 4, 5])
+    c.context_dropped(["a"])
+    plan = c.plan(["a"], [match], query_tokens=1, decode_only=True)
+    assert plan.sources == ["merged"] and 0 < plan.ks[0] <= len(plan.lookups[0]) and not plan.needs_block

@@ -26,6 +26,9 @@ def test_encode_adopt_roundtrip():
     b.adopt(code)
     assert (b.sources, b.ks, b.needs_block) == (a.sources, a.ks, True)
     assert set(PLAN_SOURCES) >= set(a.sources)
+    a.drop_context = True  # travels with the block decision: every rank drops its rows, or none does
+    b.adopt(a.encode())
+    assert b.drop_context and b.needs_block
     with pytest.raises(ValueError, match="disagree on the batch"):
         _plan(["none"], [0]).adopt(code)
 

@@ -4,7 +4,8 @@ hold their context rows, and the next draft forward injects them. After the gene
 the draft's KV cache at every context position equals the cache of an engine that injects every step, the output
 equals the target's greedy output, and steps were really deferred. Negative control: dropping the held rows leaves
 the cache visibly different. With adaptive "ngram" (prompt lookup only: no draft forward ever reads the cache) no
-row is combined or injected at all."""
+row is combined or injected at all; nor where the guard measured no speculation faster ('off' won), and the request
+is then planned without DFlash tokens."""
 import pytest
 import torch
 
@@ -53,6 +54,22 @@ COUNT_PROBE = """
 from vllm_dflash.integration import proposer as P
 d = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
 probe["rows"] = dict(P._test_rows, held=d._deferred.deferred_total if d._deferred is not None else 0)
+probe["dropped_steps"] = d.metrics.counters["context_dropped_steps"]
+probe["sources"] = {k: v for k, v in d.metrics.counters.items() if k.startswith("proposals_")}
+"""
+# every batch-size bucket's guard starts with 'off' measured faster than the plan (as after a window that showed it)
+OFF_WON = COUNT + """
+from vllm_dflash.serve.metrics import MetricsSink
+_c = MetricsSink.get().counters  # the runs share a process: count this run's events only
+for _k in _c:
+    _c[_k] = 0.0
+from vllm_dflash.adaptive.policy import SpeculationGuard
+_init = SpeculationGuard.__init__
+def _off_won(self, *a, **k):
+    _init(self, *a, **k)
+    self.arm, self.rate = "off", {"plan": 1.0, "off": 2.0}
+    self.gap = 1  # re-measure the plan after every window of 'off'
+SpeculationGuard.__init__ = _off_won
 """
 # inject what is still held, then read K/V of every context position from each draft layer's cache (CPU "vec" layout)
 PROBE = f"""
@@ -92,13 +109,15 @@ def results(pair):
                        "speculative_config": {**spec, "adaptive": "ngram"}, "patch": COUNT, "after": COUNT_PROBE},
         "counted": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
                     "speculative_config": spec, "patch": COUNT, "after": COUNT_PROBE},
+        "off_won": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
+                    "speculative_config": spec, "patch": OFF_WON, "after": COUNT_PROBE},
     }
     names = list(runs)
     return dict(zip(names, run_vllm([runs[n] for n in names])))
 
 
 def test_output_is_the_targets(results):
-    for name in ("eager", "deferred", "dropped", "ngram_mode", "counted"):
+    for name in ("eager", "deferred", "dropped", "ngram_mode", "counted", "off_won"):
         assert results[name]["tokens"] == results["base"]["tokens"], name
 
 
@@ -124,3 +143,18 @@ def test_prompt_lookup_only_keeps_no_context(results):
     assert results["ngram_mode"]["probe"]["rows"] == {"combined": 0, "injected": 0, "held": 0}
     counted = results["counted"]["probe"]["rows"]
     assert counted["combined"] > 0 and counted["injected"] > 0 and counted["held"] > 0, counted
+
+
+def test_no_context_is_kept_where_no_speculation_won(results):
+    """With 'off' measured faster (the guard starts there and re-measures the plan after every window), the steps
+    without speculation drop their context rows; once the guard re-measures the plan, the request, whose draft context
+    now has holes, drafts by prompt lookup only (no DFlash or merged proposal), so no row is ever combined or
+    injected. (Rows are held only while 'off' is re-measured after the plan won.) The default run on the same prompt
+    proposes DFlash tokens (`counted`), so the source check can fail."""
+    off = results["off_won"]["probe"]
+    assert off["dropped_steps"] > 0, off
+    assert off["rows"]["combined"] == 0 and off["rows"]["injected"] == 0, off
+    assert off["sources"]["proposals_ngram"] > 0, off  # the plan was re-measured: the request drafted
+    assert off["sources"]["proposals_dflash"] == 0 and off["sources"]["proposals_merged"] == 0, off
+    counted = results["counted"]["probe"]["sources"]
+    assert counted["proposals_dflash"] + counted["proposals_merged"] > 0, counted

@@ -58,6 +58,9 @@ class StepPlan:
     sources: list[str]
     ks: list[int]
     run_block: bool | None = None  # adopted from another rank (`adopt`): whether the draft forward runs
+    # speculation is off here because no speculation was measured faster (not while 'off' is only being re-measured):
+    # the drafter drops this step's context rows instead of holding them (`AdaptiveController.context_dropped`)
+    drop_context: bool = False
 
     @property
     def needs_block(self) -> bool:
@@ -68,13 +71,13 @@ class StepPlan:
         return any(_needs_block(s, k, t) for s, k, t in zip(self.sources, self.ks, self.lookups))
 
     def encode(self) -> np.ndarray:
-        """The decisions as [2 * B + 1] int64: source codes (PLAN_SOURCES), lengths, needs_block. B is the same on
-        every TP rank (the batch is), so the size is known before the broadcast."""
+        """The decisions as [2 * B + 1] int64: source codes (PLAN_SOURCES), lengths, then needs_block | 2 *
+        drop_context. B is the same on every TP rank (the batch is), so the size is known before the broadcast."""
         out = np.empty(2 * len(self.sources) + 1, dtype=np.int64)
         n = len(self.sources)
         out[:n] = [PLAN_SOURCES.index(s) for s in self.sources]
         out[n: 2 * n] = self.ks
-        out[2 * n] = int(self.needs_block)
+        out[2 * n] = int(self.needs_block) | (int(self.drop_context) << 1)
         return out
 
     def adopt(self, code: np.ndarray) -> "StepPlan":
@@ -85,7 +88,8 @@ class StepPlan:
             raise ValueError(f"plan code of length {len(code)} for {n} requests: the TP ranks disagree on the batch")
         self.sources = [PLAN_SOURCES[int(c)] for c in code[:n]]
         self.ks = [int(k) for k in code[n: 2 * n]]
-        self.run_block = bool(code[2 * n])
+        self.run_block = bool(int(code[2 * n]) & 1)
+        self.drop_context = bool(int(code[2 * n]) & 2)
         return self
 
 
@@ -128,6 +132,8 @@ class AdaptiveController:
         self._last_t: float | None = None
         self._steps = 0
         self.skip_when_off = True  # a measured-off step plans nothing (False: plan anyway, e.g. a TP follower rank)
+        # requests whose draft context has holes (rows dropped while 'off' won): no DFlash tokens for them again
+        self._stale: set[str] = set()
 
     @property
     def guard(self) -> SpeculationGuard:
@@ -168,7 +174,8 @@ class AdaptiveController:
             # measured: no speculation is faster here (or being re-measured). The forecast only steers the guard
             # before 'off' was measured, so nothing is planned: no lookups, no planning cost at any batch size.
             empty = np.zeros(0, dtype=np.int64)
-            return StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B)
+            return StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B,
+                            drop_context=self.guard.best == "off")
         lookups = [self._lookup(h) for h in histories]
         sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
         self.guard.predict(forecast)
@@ -185,9 +192,10 @@ class AdaptiveController:
         B = len(req_ids)
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
         table = self._gain_table(req_ids, m)
+        fresh = self._fresh(req_ids)
         plans = []
         for block in (True, False) if self.mode != "ngram" else (False,):
-            sources, gains = self._choose(table, m, block)
+            sources, gains = self._choose(table, m, block, fresh)
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
             uses = any(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))
             fixed = self.block_cost(B) if uses else 0.0
@@ -196,6 +204,12 @@ class AdaptiveController:
                 break  # the plan with the block did not use it: it is the prompt-lookup plan already
         forecast, sources, ks = max(plans, key=lambda x: x[0])
         return sources, ks, forecast
+
+    def context_dropped(self, req_ids) -> None:
+        """The drafter dropped a step's context rows of these requests (`StepPlan.drop_context`): their draft
+        context has holes from now on, so they are planned without DFlash tokens (prompt lookup only) until they
+        finish. Losslessness does not depend on it (the target verifies every draft); acceptance would."""
+        self._stale.update(req_ids)
 
     def observe_block(self, rows: int, seconds: float) -> None:
         """The draft forward of this step ran over `rows` batch rows in `seconds` (wall clock): its cost model."""
@@ -234,7 +248,7 @@ class AdaptiveController:
         self.score_overlap(req_ids, verified)
         lookups = [self._lookup(h) for h in histories]
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=len(lookups))
-        sources = self._choose(self._gain_table(req_ids, m), m)[0]
+        sources = self._choose(self._gain_table(req_ids, m), m, fresh=self._fresh(req_ids))[0]
         ks = [0 if s == "none" else (len(t) if s == "ngram" else self.k_max) for s, t in zip(sources, lookups)]
         self._prune(req_ids)
         return StepPlan(list(req_ids), [0] * len(req_ids), lookups, sources, ks)
@@ -275,6 +289,7 @@ class AdaptiveController:
         for rid in req_ids:
             self._pending.pop(rid, None)
             self.acceptance.forget(rid)
+            self._stale.discard(rid)
 
     # ------------------------------------------------------------------ internals
     def _lookup(self, hist: np.ndarray | None) -> np.ndarray:
@@ -295,13 +310,17 @@ class AdaptiveController:
             rates["merged"] = np.where(in_lookup, rates["ngram"], rates["merged"])
         return {s: np.cumprod(np.clip(r, 0.0, 1.0), axis=1) for s, r in rates.items()}
 
-    def _choose(self, table: dict[str, np.ndarray], m: np.ndarray, block: bool = True) -> tuple[list[str], np.ndarray]:
+    def _choose(self, table: dict[str, np.ndarray], m: np.ndarray, block: bool = True,
+                fresh: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
         """Per request, the candidate (`_candidates`: source and proposal length) with the largest expected accepted
         length Σ P(i) (it depends only on the proposal's length, so the choice precedes the draft forward); the
-        first in candidate order on ties, 'none' when none expects any token. table: `_gain_table`.
-        -> (sources, [B, k_max] P(i) of each chosen proposal, zero past its length and for 'none')."""
+        first in candidate order on ties, 'none' when none expects any token. table: `_gain_table`; fresh: [B] bool,
+        False for a request whose draft context has holes (`context_dropped`): only candidates without DFlash tokens
+        for it. -> (sources, [B, k_max] P(i) of each chosen proposal, zero past its length and for 'none')."""
         B, K = len(m), self.k_max
         cands = self._candidates(block)
+        if fresh is not None and block and not fresh.all():  # stale requests may still take the lookup alone
+            cands = cands + [c for c in self._candidates(False) if c[:2] not in {x[:2] for x in cands}]
         if not cands:
             return ["none"] * B, np.zeros((B, K))
         slot = np.arange(K)[None, :]
@@ -309,6 +328,8 @@ class AdaptiveController:
         for src, length, valid in cands:
             n = {"k": np.full(B, K), "m": m}[length]
             ok = valid(m)
+            if fresh is not None and (src == "dflash" or (src == "merged" and length == "k")):
+                ok = ok & fresh  # a proposal with DFlash tokens needs the request's whole draft context
             g = np.where((slot < n[:, None]) & ok[:, None], table[src], 0.0)  # [B, K]
             gains.append(g)
             sums.append(np.where(ok, g.sum(axis=1), -1.0))
@@ -337,6 +358,12 @@ class AdaptiveController:
         if self.mode == "merged":
             return [("merged", "k", always)]
         return [("dflash", "k", always), ("ngram", "m", any_m), ("merged", "k", lambda m: (m > 0) & (m < K))]
+
+    def _fresh(self, req_ids: list[str]) -> np.ndarray | None:
+        """[B] bool: the request's draft context is whole (None: every request's is, the common case)."""
+        if not self._stale:
+            return None
+        return np.fromiter((r not in self._stale for r in req_ids), dtype=bool, count=len(req_ids))
 
     def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:
         """The full proposal of a source: [k_max] (prompt lookup alone: [m]). Without a block (only possible on a TP

@@ -144,6 +144,7 @@ class DFlashDrafter(DFlashProposer):
         self.overlap = False
         self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         self._context_unused = False  # adaptive "ngram": no draft forward ever runs, so context rows are dropped
+        self._drop_step = False  # this step's plan says 'off' won here: its context rows are dropped, not held
         if self.adaptive is not None:
             from vllm_dflash.adaptive.controller import AdaptiveController
 
@@ -275,11 +276,13 @@ class DFlashDrafter(DFlashProposer):
             return self._denoise(run_model, sample_idx, K, sampling_metadata)
 
         if self.controller is not None:
+            self._drop_step = False
             try:
                 return self._propose_adaptive(draft, K, batch_size, target_token_ids, target_positions,
                                               next_token_ids, common_attn_metadata, num_rejected_tokens_gpu)
             finally:
-                if defer and not inputs and not self._context_unused:  # no draft forward: hold the rows for the next
+                # no draft forward: hold the rows for the next one, unless no draft forward may read them
+                if defer and not inputs and not self._context_unused and not self._drop_step:
                     self._defer(target_hidden_states[:num_context], self._context_positions_buffer[:num_context],
                                 self._context_slot_mapping_buffer[:num_context])
         if K == 0:
@@ -436,6 +439,12 @@ class DFlashDrafter(DFlashProposer):
         plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
                                     extra_tokens=prefill_tokens)
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
+        if plan.drop_context and self._deferred is not None:
+            # no speculation won at this batch size: holding this step's rows (copy, fc, K/V write) would be the only
+            # drafter work of the step. Drop them; the batch's requests are planned without DFlash tokens from now on
+            self._drop_step = True
+            self.controller.context_dropped(batch.req_ids[:B])
+            self.metrics.inc("context_dropped_steps")
         block = None
         if plan.needs_block:
             t0 = time.perf_counter()

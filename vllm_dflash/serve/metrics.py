@@ -73,6 +73,8 @@ COUNTERS = {
     "accepted_tokens_dflash": "Adaptive drafting: accepted DFlash draft tokens.",
     "accepted_tokens_ngram": "Adaptive drafting: accepted prompt-lookup draft tokens.",
     "accepted_tokens_merged": "Adaptive drafting: accepted merged-proposal draft tokens.",
+    "context_dropped_steps": "Adaptive drafting: steps whose context rows were dropped because no speculation was "
+                             "measured faster at that batch size (their requests draft by prompt lookup only).",
 }
 
 
