@@ -95,8 +95,9 @@ class StepCostModel:
     query tokens (its attention over its own context, sampling, output processing).
 
     One slope per query token (delta = 0) charges per-request cost to draft tokens wherever the batch size moves with
-    n: at concurrency 32 a 2-core CPU's step read about 28 ms + 0.6 ms per query token, so drafts looked several times
-    dearer than the forward's flat growth in n at a fixed batch, and the planner cut proposals it should have made.
+    n (a batch draining while its draft lengths stay alike), so drafts look dearer than they are and the planner cuts
+    proposals that pay (tests/unit/test_adaptive_policy.py: 2.5x the true slope). Where a request costs nothing
+    beyond its tokens, delta fits to 0 and this is the one-slope model (the bf16 EPYC at concurrency 32).
 
     Exponentially weighted normal equations (forgetting factor `forget` per observation) with a ridge toward the
     initial values: `prior_weight` pseudo observations per parameter (at the scale of a spread of 16 in n and in B),
