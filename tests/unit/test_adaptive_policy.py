@@ -565,3 +565,15 @@ def test_a_stale_request_in_merged_mode_keeps_its_lookup_tokens():
     c.context_dropped(["a"])
     plan = c.plan(["a"], [match], query_tokens=1, decode_only=True)
     assert plan.sources == ["merged"] and 0 < plan.ks[0] <= len(plan.lookups[0]) and not plan.needs_block
+
+
+def test_a_dropped_request_that_left_is_forgotten():
+    """A request marked by `context_dropped` that never proposed (speculation was off all its life) holds no
+    acceptance or pending state; its mark still goes when it leaves the batch (the 64-step prune), so the marks of a
+    long-running server whose 'off' keeps winning do not grow without bound."""
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c.context_dropped(["gone"])
+    hist = np.array([1, 2, 3])
+    for _ in range(64):
+        c.plan(["live"], [hist], query_tokens=1, decode_only=True)
+    assert "gone" not in c._stale

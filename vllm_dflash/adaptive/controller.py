@@ -378,8 +378,8 @@ class AdaptiveController:
     def _prune(self, req_ids: list[str]) -> None:
         """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""
         if self._steps % 64 == 0:
-            live = set(req_ids)
-            self.finished([r for r in list(self.acceptance.req) + list(self._pending) if r not in live])
+            known = set(self.acceptance.req) | set(self._pending) | self._stale  # every request with state here
+            self.finished(known - set(req_ids))
 
     def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> int:
         """Score each request's previous proposal; returns the accepted draft tokens of the step just verified."""
