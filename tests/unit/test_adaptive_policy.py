@@ -577,3 +577,12 @@ def test_a_dropped_request_that_left_is_forgotten():
     for _ in range(64):
         c.plan(["live"], [hist], query_tokens=1, decode_only=True)
     assert "gone" not in c._stale
+
+
+def test_a_stale_request_in_dflash_mode_drafts_nothing():
+    """adaptive "dflash" has no block-free candidate: a request whose context was dropped gets no proposal at all,
+    while a fresh one beside it still drafts the block."""
+    c = AdaptiveController(4, mode="dflash", clock=_Clock())
+    c.context_dropped(["a"])
+    plan = c.plan(["a", "b"], [np.array([1, 2, 3])] * 2, query_tokens=2, decode_only=True)
+    assert plan.sources[0] == "none" and plan.ks[0] == 0 and plan.sources[1] == "dflash"

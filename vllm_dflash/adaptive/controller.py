@@ -319,8 +319,11 @@ class AdaptiveController:
         for it. -> (sources, [B, k_max] P(i) of each chosen proposal, zero past its length and for 'none')."""
         B, K = len(m), self.k_max
         cands = self._candidates(block)
-        if fresh is not None and block and not fresh.all():  # stale requests may still take the lookup alone
-            cands = cands + [c for c in self._candidates(False) if c[:2] not in {x[:2] for x in cands}]
+        free = None  # where some request is stale: (source, length) of the candidates that need no draft forward
+        if fresh is not None and block and not fresh.all():
+            free_cands, have = self._candidates(False), {c[:2] for c in cands}
+            free = {c[:2] for c in free_cands}
+            cands = cands + [c for c in free_cands if c[:2] not in have]  # stale requests may take the lookup alone
         if not cands:
             return ["none"] * B, np.zeros((B, K))
         slot = np.arange(K)[None, :]
@@ -328,7 +331,7 @@ class AdaptiveController:
         for src, length, valid in cands:
             n = {"k": np.full(B, K), "m": m}[length]
             ok = valid(m)
-            if fresh is not None and (src == "dflash" or (src == "merged" and length == "k")):
+            if free is not None and (src, length) not in free:
                 ok = ok & fresh  # a proposal with DFlash tokens needs the request's whole draft context
             g = np.where((slot < n[:, None]) & ok[:, None], table[src], 0.0)  # [B, K]
             gains.append(g)
