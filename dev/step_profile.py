@@ -94,10 +94,19 @@ def main() -> None:
         prop = P.DFlashDrafter
         for name in ("propose", "prepare_next_token_ids_padded", "prepare_inputs_padded", "set_inputs_first_pass",
                      "build_per_group_and_layer_attn_metadata", "build_model_inputs_first_pass", "_block",
-                     "_adaptive", "_histories", "_defer"):
+                     "_adaptive", "_histories", "_defer", "_inject", "_denoise",
+                     "_determine_batch_execution_and_padding", "_write_hints"):
             if hasattr(prop, name):
                 wrap(prop, name, "p." + name)
         wrap(AdaptiveController, "plan", "p.plan")
+        for name in ("_best_plan", "_score_previous", "_gain_table", "_choose", "_lookup", "_prune"):
+            wrap(AdaptiveController, name, "p.ctl" + name)
+        from vllm_dflash.adaptive import controller as C
+        from vllm_dflash.adaptive import policy as PO
+        wrap(PO.StepCostModel, "observe", "p.cost_observe")
+        wrap(PO.SpeculationGuard, "record", "p.guard_record")
+        for name in ("plan_lengths", "predicted_speedup"):
+            wrap(C, name, "p." + name)
         if a.pin_off:
             from vllm_dflash.adaptive.policy import SpeculationGuard
             init = SpeculationGuard.__init__
@@ -127,6 +136,9 @@ def main() -> None:
         for v in vars(VM).values():
             if isinstance(v, type) and hasattr(v, "combine_hidden_states"):
                 wrap(v, "combine_hidden_states", "p.combine")
+        dm = VM.DFlashDraftForVllm
+        for name in ("precompute_and_store_context_kv", "draft_argmax", "forward"):
+            wrap(dm, name, "p.draft_" + name)
     llm = LLM(model=str(target), dtype="bfloat16", max_model_len=2048, max_num_seqs=max(a.concurrency, 8),
               speculative_config=spec, seed=0, gpu_memory_utilization=0.5)  # CPU: a share of RAM (other jobs hold some)
     core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore

@@ -88,6 +88,19 @@ def test_cost_model_slopes_stay_non_negative():
     assert m(32, 16) == pytest.approx(0.052, rel=0.1)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_small_spd_solve_matches_lapack(n):
+    """The cost model's LAPACK-free solve (Cramer's rule on the ridge normal equations) equals numpy.linalg.solve
+    on badly scaled SPD systems like the fit's (columns 1, query tokens ~ 10-300, requests ~ 1-32)."""
+    from vllm_dflash.adaptive.policy import _solve_spd
+
+    rng = np.random.default_rng(n)
+    for _ in range(100):
+        X = rng.normal(size=(20, n)) * np.array([1.0, 300.0, 32.0])[:n]
+        A, y = X.T @ X + 1e-3 * np.eye(n), rng.normal(size=n)
+        np.testing.assert_allclose(_solve_spd(A.tolist(), y.tolist()), np.linalg.solve(A, y), rtol=1e-7, atol=1e-12)
+
+
 def test_cost_model_without_spread_keeps_the_slope():
     m = StepCostModel(alpha=0.03, beta=0.002)
     for _ in range(50):
