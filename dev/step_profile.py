@@ -103,12 +103,12 @@ def main() -> None:
             wrap(AdaptiveController, name, "p.ctl" + name)
         from vllm_dflash.adaptive import controller as C
         from vllm_dflash.adaptive import policy as PO
-        wrap(PO.StepCostModel, "observe", "p.cost_observe")
+        wrap(PO.StepCostModel, "observe", "p.cost_observe")  # both fits: the step's and the draft forward's
         wrap(PO.SpeculationGuard, "record", "p.guard_record")
         for name in ("plan_lengths", "predicted_speedup"):
             wrap(C, name, "p." + name)
         if a.pin_off:
-            from vllm_dflash.adaptive.policy import SpeculationGuard
+            SpeculationGuard = PO.SpeculationGuard
             init = SpeculationGuard.__init__
 
             def pinned(self, *x, **k):

@@ -133,9 +133,9 @@ class StepCostModel:
         """Ridge least squares with beta, delta >= 0: the unconstrained optimum if feasible, else the best of the
         fits with the offending slopes held at 0 (3 parameters: at most four small solves).
 
-        Plain Python floats (`_solve_spd`), no LAPACK: this runs on every step of the engine's main thread, where
-        numpy.linalg's dispatch cost 0.3 ms a step (four calls) right after a target forward (in-process profile,
-        concurrency 1, 2-core Xeon); the arithmetic itself is a few dozen flops."""
+        Plain Python floats (`_solve_spd`), no LAPACK: this runs on the engine's main thread after every step (and
+        after every draft forward, for the block's cost), where numpy.linalg's dispatch for the two fits cost 0.33 ms
+        a step at concurrency 1 on a 2-core Xeon (0.13 ms now); the arithmetic itself is a few dozen flops."""
         ridge = [r * max(self.forget ** self.num_obs, self.ridge_floor) for r in self._ridge.tolist()]
         A = self._xtx.tolist()  # [3][3]
         for i in range(3):
