@@ -88,17 +88,53 @@ _THREADS_AFTER = ("def _threads(worker=None):\n    import torch\n    return torc
 
 @_NEEDS_TWO_CPUS
 def test_ngram_engine_keeps_worker_threads(pair):
-    """A real multi-process engine (worker process bound to 2 cores, as `vllm serve` runs) with vLLM's n-gram
-    drafter: with the plugin the worker's torch still uses both threads after generating with proposals (without the
-    plugin it is down to one: test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
+    """A real multi-process engine with vLLM's worker process (`--distributed-executor-backend mp`: the layout vLLM
+    0.32 uses on CPU without the plugin, worker bound to 2 cores) and vLLM's n-gram drafter: with the plugin the
+    worker's torch still uses both threads after generating with proposals (without the plugin it is down to one:
+    test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
     spec = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, [9, 10, 11] * 8], "max_tokens": 16,
             "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-                                   "prompt_lookup_max": 3}, "after": _THREADS_AFTER}
+                                   "prompt_lookup_max": 3}, "after": _THREADS_AFTER,
+            "llm_kwargs": {"distributed_executor_backend": "mp"}}
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probe is a function sent to the worker (test-only)
     (ok,) = run_vllm([spec], env=env)
     assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
     assert ok["probe"]["threads"] == [2], ok["probe"]
+
+
+# --------------------------------------------------------------------------- patches/cpu_uniproc.py
+_WHERE_AFTER = ("def _where(worker=None):\n    import os, torch\n"
+                "    return [os.getpid(), open(f'/proc/{os.getpid()}/comm').read().strip(), torch.get_num_threads(), "
+                "sorted(os.sched_getaffinity(0))]\n"
+                "probe['where'] = llm.collective_rpc(_where)\n"
+                "probe['backend'] = str(llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend)")
+
+
+@_NEEDS_TWO_CPUS
+def test_cpu_engine_core_runs_the_model(pair):
+    """Multi-process engines (the engine core in its own process, as `vllm serve` runs) on CPU with one worker and
+    VLLM_CPU_OMP_THREADS_BIND=0-1: with the plugin the model runs in the engine core process itself (vLLM's `uni`
+    executor: no process named VLLM::Worker), on the OpenMP layout vLLM gives its worker (2 threads, CPUs 0-1), and
+    its greedy tokens equal the in-process engine's. `distributed_executor_backend="mp"` keeps vLLM's worker process.
+    Without the plugin vLLM replaces `uni` with a worker process (when that half fails, vLLM keeps `uni` on CPU itself
+    and the patch can go)."""
+    base = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, LONG_PROMPTS[0][:40]], "max_tokens": 24,
+            "after": _WHERE_AFTER}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probe is a function sent to the engine (test-only)
+    uni, mp = run_vllm([base, {**base, "llm_kwargs": {"distributed_executor_backend": "mp"}}], env=env)
+    (inproc,) = run_vllm([{**base, "after": ""}])  # VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM keeps `uni` itself
+    (bare,) = run_vllm([base], env={**env, "VLLM_PLUGINS": ""})
+
+    assert uni["probe"]["backend"] == "uni", uni["probe"]
+    ((pid, comm, threads, cpus),) = uni["probe"]["where"]
+    assert comm.startswith("VLLM::EngineCor") and pid != os.getpid(), uni["probe"]  # the engine core, not a worker
+    assert threads == 2 and cpus == [0, 1], uni["probe"]
+    assert uni["tokens"] == inproc["tokens"]
+    assert mp["probe"]["backend"] == "mp" and mp["probe"]["where"][0][1].startswith("VLLM::Worker"), mp["probe"]
+    assert mp["tokens"] == inproc["tokens"]
+    assert bare["probe"]["backend"] == "mp" and bare["probe"]["where"][0][1].startswith("VLLM::Worker"), bare["probe"]
 
 
 # --------------------------------------------------------------------------- patches/cpu_plain_sample.py

@@ -161,10 +161,12 @@ CONTRACTS: tuple[Contract, ...] = (
         "vllm.config:ParallelConfig", "class", "integration/proposer.py, integration/patches/ray_cpu.py, "
         "integration/ray_cpu_executor.py",
         "`tensor_parallel_size` (draft sharding checks), `distributed_executor_backend` (\"ray\" on CPU -> our "
-        "executor), `local_world_size`, `placement_group`, `ray_runtime_env`",
-        "vLLM's own fields, pickled with the config",
-        attrs=("tensor_parallel_size", "distributed_executor_backend", "local_world_size", "placement_group",
-               "ray_runtime_env"), test="tests/vllm/test_tp.py"),
+        "executor; \"uni\" kept on CPU for one worker), `world_size`, `local_world_size`, `placement_group`, "
+        "`ray_runtime_env`",
+        "vLLM's own fields, pickled with the config; `distributed_executor_backend` is \"uni\" after `__post_init__` "
+        "when unset and `world_size` is 1",
+        attrs=("tensor_parallel_size", "distributed_executor_backend", "world_size", "local_world_size",
+               "placement_group", "ray_runtime_env"), test="tests/vllm/test_tp.py"),
     Contract(
         "vllm.v1.executor.abstract:Executor.get_class", "method", "integration/patches/ray_cpu.py",
         "wrapped (a staticmethod): backend \"ray\" on the CPU platform returns our `RayCpuExecutor`",
@@ -253,14 +255,34 @@ CONTRACTS: tuple[Contract, ...] = (
         "hook before it",
         methods=(Sig("get_scheduler_cls", ()),), attrs=("async_scheduling", "scheduler_cls"), test=_ADAPTIVE_TEST),
     Contract(
-        "vllm.platforms.cpu:CpuPlatform.check_and_update_config", "method", "integration/patches/async_scheduling.py",
+        "vllm.platforms.cpu:CpuPlatform.check_and_update_config", "method", "integration/patches/async_scheduling.py, "
+        "integration/patches/cpu_uniproc.py",
         "wrapped: re-sets `scheduler_config.async_scheduling = True` after it for our dflash drafter (setting "
-        "`overlap`)",
+        "`overlap`); then (cpu_uniproc, outermost) puts `parallel_config.distributed_executor_backend` back to "
+        "\"uni\" where the hook replaced it with \"mp\" (one worker, multiprocessing on, synchronous scheduling)",
         "`VllmConfig.__post_init__` decides `async_scheduling` (flag or default) BEFORE calling the platform hook, "
-        "which then forces False on CPU; the config is pickled to the engine core as is; `UniProcExecutor` / "
+        "which then forces False on CPU and, with VLLM_ENABLE_V1_MULTIPROCESSING on, replaces backend \"uni\" with "
+        "\"mp\"; the config is pickled to the engine core as is; `UniProcExecutor` / "
         "`MultiprocExecutor.supports_async_scheduling()` are True",
         params=("vllm_config",), exact=True, patch="async_scheduling",
         test="tests/vllm/test_vllm_drafter.py::test_overlap_scheduling_on_for_our_drafter_only"),
+    Contract(
+        "vllm.v1.executor.uniproc_executor:UniProcExecutor._init_executor", "method",
+        "integration/patches/cpu_uniproc.py",
+        "wrapped: in a CPU engine core process that runs the model (backend \"uni\" kept by the platform-hook "
+        "wrapper), the OpenMP layout of vLLM's worker (`OMPProcessManager`) is applied before it builds the worker",
+        "it builds the worker in this process (`init_worker`, `init_device`, `load_model`); `collective_rpc` runs "
+        "worker methods in the calling thread, so the engine core's step runs the forward itself",
+        params=(), exact=True, source=("self.driver_worker.init_device()",), patch="cpu_uniproc",
+        test="tests/vllm/test_vllm_patches.py::test_cpu_engine_core_runs_the_model"),
+    Contract(
+        "vllm.utils.ompmultiprocessing:OMPProcessManager", "class", "integration/patches/cpu_uniproc.py",
+        "built from the config in the engine core to read the CPU list vLLM's multiprocess executor would give its "
+        "local-rank-0 worker",
+        "`cpu_lists[local_rank]` are CPU ids parsed from VLLM_CPU_OMP_THREADS_BIND (auto: per NUMA node, cores "
+        "reserved for the engine core removed); `skip_setup` is True for \"nobind\"",
+        methods=(Sig("__init__", ("config",)),), attrs=("skip_setup", "cpu_lists"),
+        test="tests/vllm/test_vllm_patches.py::test_cpu_engine_core_runs_the_model"),
     # ---------------------------------------------------------------- adaptive drafting
     Contract(
         "vllm.v1.worker.gpu_input_batch:InputBatch", "class", "integration/proposer.py, integration/patches/"
