@@ -137,6 +137,15 @@ def test_registry_and_overrides():
         configs.select(["none", "eagle"])
     with pytest.raises(ValueError, match="CONFIG:KEY=VALUE"):
         configs.select(["none", "ours"], spec_extra=["ours:novalue"])
+    # NAME@mp: the same entry served with vLLM's worker process; the registry entry itself is untouched
+    none, none_mp, merged_mp = configs.select(["none", "none@mp", "ours-merged@mp"],
+                                              env_extra=["ours-merged@mp:FOO=bar"])
+    assert none.server_args == [] and none_mp.server_args == ["--distributed-executor-backend", "mp"]
+    assert none_mp.name == "none@mp" and none_mp.speculative_config("d", 7) is None
+    assert merged_mp.speculative_config("d", 7) == configs.REGISTRY["ours-merged"].speculative_config("d", 7)
+    assert merged_mp.env["FOO"] == "bar" and configs.REGISTRY["ours-merged"].server_args == []
+    with pytest.raises(ValueError, match="unknown configuration 'eagle@mp'"):
+        configs.select(["none", "eagle@mp"])
 
 
 def test_adaptive_delta_and_table():

@@ -3,8 +3,10 @@
 
 A configuration is a speculative method plus extra speculative-config keys and extra environment
 variables for the server (DFLASH_* per-deployment defaults, docs/CONFIGURATION.md). Adding one is one
-`BenchConfig(...)` in `REGISTRY`. Every configuration of a run shares the engine settings (threads, dtype, --enforce-eager, max-num-seqs, KV space); only
-the speculative config and these env vars differ."""
+`BenchConfig(...)` in `REGISTRY`. Every configuration of a run shares the engine settings (threads, dtype,
+--enforce-eager, max-num-seqs, KV space); only the speculative config and these env vars differ, and, for a
+`NAME@mp` variant of any entry, vLLM's own CPU process layout (`--distributed-executor-backend mp`: a worker process
+beside the engine core, where the plugin otherwise runs the model in the engine core)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ class BenchConfig:
     uses_draft: bool = False
     hinted: bool = False  # serves the hinted draft (--hinted-draft) instead of --draft
     placeholder: str | None = None  # why the entry is not wired yet (shown when it turns out unavailable)
+    server_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments (the @mp variants)
 
     def speculative_config(self, draft: str | None, num_speculative_tokens: int | None) -> dict[str, Any] | None:
         if self.method is None:
@@ -97,22 +100,39 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
 DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive", "ours-adaptive-overlap")
 
 
+MP_SUFFIX = "@mp"  # a variant served with vLLM's worker process: --distributed-executor-backend mp
+
+
+def lookup(name: str) -> BenchConfig:
+    """A copy of the registry entry `name`, or of its `NAME@mp` variant (vLLM's worker-process layout on CPU)."""
+    import copy
+
+    base = name[:-len(MP_SUFFIX)] if name.endswith(MP_SUFFIX) else name
+    if base not in REGISTRY:
+        raise ValueError(f"bench: unknown configuration {name!r}. Fix: use one of {list(REGISTRY)}, or NAME{MP_SUFFIX} "
+                         "for any of them with vLLM's worker process")
+    cfg = copy.deepcopy(REGISTRY[base])
+    if base != name:
+        cfg.name = name
+        cfg.description += ("; with vLLM's own CPU process layout (--distributed-executor-backend mp): the model in a "
+                            "worker process beside the engine core")
+        cfg.server_args = [*cfg.server_args, "--distributed-executor-backend", "mp"]
+    return cfg
+
+
 def select(names: list[str], spec_extra: Sequence[str] = (), env_extra: Sequence[str] = ()) -> list[BenchConfig]:
-    """Registry entries by name (in the given order), with `CONFIG:KEY=VALUE` overrides applied to copies.
+    """Registry entries by name (in the given order; `NAME@mp`: see `lookup`), with `CONFIG:KEY=VALUE` overrides
+    applied to copies.
 
     spec_extra values are JSON when they parse (`true`, `2`, `0.8`), strings otherwise."""
-    import copy
     import json
 
     from vllm_dflash.settings import SPEC_KEYS
 
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise ValueError(f"bench: unknown configuration(s) {unknown}. Fix: use some of {list(REGISTRY)}")
     if "none" not in names:
         raise ValueError("bench: configuration 'none' is required (the speedup and losslessness baseline). "
                          "Fix: add it to --configs")
-    chosen = {n: copy.deepcopy(REGISTRY[n]) for n in names}
+    chosen = {n: lookup(n) for n in names}
     for item, target in [(s, "spec") for s in spec_extra] + [(e, "env") for e in env_extra]:
         name, _, kv = item.partition(":")
         key, eq, value = kv.partition("=")

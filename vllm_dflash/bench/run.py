@@ -39,11 +39,14 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
                                 "adaptive", "cpu_gemv") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
-LAYOUT = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
-          "process, TP 1), one process group per configuration, started one after another; the benchmark "
+# The servers' processes with vllm_dflash installed (TP 1): patches/cpu_uniproc.py keeps vLLM's `uni` executor on CPU
+PROCESSES = ("`vllm serve` with V1 multiprocessing (an API server and an engine core process, which runs the model "
+             "itself: vLLM's `uni` executor, kept on CPU by vllm_dflash; a `NAME@mp` configuration adds vLLM's CPU "
+             "worker process, --distributed-executor-backend mp; overlap scheduling also keeps the worker process), "
+             "TP 1")
+LAYOUT = (PROCESSES + ", one process group per configuration, started one after another; the benchmark "
           "client (asyncio, one process) runs on the same machine")
-LAYOUT_INTERLEAVED = ("`vllm serve` in its default V1 multi-process layout (API server, engine core and one CPU worker "
-                      "process, TP 1), one process group per configuration, **all up at once and interleaved**: per "
+LAYOUT_INTERLEAVED = (PROCESSES + ", one process group per configuration, **all up at once and interleaved**: per "
                       "prompt set and concurrency level the configurations run back to back, the prompts split into "
                       "up to {rounds} rounds (each of at least `concurrency` prompts), the order rotated per round; "
                       "a run's wall time is the sum of its rounds; the CPU time idle servers used meanwhile is "
@@ -63,8 +66,8 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
     p.add_argument("--hinted-draft", default=None, help="the hinted draft (dflash_config.hint_ngram) that the "
                    "ours-hinted configuration serves (default: models/SmolLM2-135M-Instruct-DFlash-b8-hinted of a "
                    "source checkout, default target only)")
-    p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)} (default: all; quick: "
-                   f"{q['configs']})")
+    p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)}; NAME@mp serves NAME with vLLM's "
+                   f"worker process (--distributed-executor-backend mp) (default: all; quick: {q['configs']})")
     p.add_argument("--prompt-sets", default="humaneval,chat",
                    help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), or JSONL files")
     p.add_argument("--concurrency", default=None, help="comma list of requests in flight (default 1,8,32; quick 1,8)")
@@ -76,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every server (default: every core, "
                    f"{PRESETS['full']['threads']} here; quick: 1)")
     p.add_argument("--cpu-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND of every server; 'auto' = vLLM's default "
-                   f"layout (the worker on one core) (default: every core to the worker, {_ALL_CORES} here; quick: auto)")
+                   f"layout (the model on one core) (default: every core to the model, {_ALL_CORES} here; quick: auto)")
     p.add_argument("--kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE of every server")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM's max_model_len of every server")
     p.add_argument("--max-num-seqs", type=int, default=None,
@@ -446,13 +449,15 @@ def run_from_args(a: argparse.Namespace) -> int:
     for cfg in configs:
         spec = cfg.speculative_config(str(hinted if cfg.hinted else draft) if draft else None, k)
         entry = result["configs"][cfg.name] = {"description": cfg.description, "speculative_config": spec,
-                                               "env": dict(cfg.env), "status": "ok", "reason": None}
+                                               "env": dict(cfg.env), "server_args": list(cfg.server_args),
+                                               "status": "ok", "reason": None}
         reason = cfg.unavailable_reason()
         if reason:
             entry.update(status="unavailable", reason=reason)
             logger.warning("bench: %s unavailable: %s", cfg.name, reason)
             continue
-        server = Server(str(target), speculative_config=spec, extra_args=["--max-num-seqs", str(max_num_seqs)],
+        server = Server(str(target), speculative_config=spec,
+                        extra_args=["--max-num-seqs", str(max_num_seqs), *cfg.server_args],
                         env={**base_env, **cfg.env}, max_model_len=a.max_model_len, dtype=dtype,
                         enforce_eager=a.enforce_eager,
                         log_path=str(log_dir / f"{cfg.name}.log"))
