@@ -446,6 +446,20 @@ def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
     assert seen == [(8, 0.01, 1)] and c.block_cost.num_obs == 1
 
 
+def test_injection_of_held_rows_stays_out_of_the_block_cost_fit():
+    """The held context rows a draft forward injects first leave the step's cost sample with the forward, but the
+    block's cost model sees the forward alone: its fit gets 30 - 25 = 5 ms, the step sample 40 - 30 = 10 ms."""
+    c = AdaptiveController(4, mode="dflash", clock=_Clock())
+    fitted = []
+    c.block_cost.observe = lambda rows, dt: fitted.append((rows, round(dt, 6)))
+    c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
+    c.observe_block(1, 0.03, injection_s=0.025)
+    seen = []
+    c.cost.observe = lambda n, dt, reqs=0: seen.append((n, round(dt, 6), reqs))
+    c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
+    assert fitted == [(1, 0.005)] and seen == [(8, 0.01, 1)]
+
+
 def test_a_measured_off_arm_plans_nothing():
     """Once 'off' was measured faster for this batch size, a step does no prompt lookup and no planning: the host
     work of a non-speculating step does not grow with the batch."""

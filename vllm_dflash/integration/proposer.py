@@ -142,6 +142,7 @@ class DFlashDrafter(DFlashProposer):
         self.adaptive = self.settings.adaptive_mode
         self.controller = None
         self.overlap = False
+        self._injection_s = 0.0  # host seconds in `_inject` since the draft forward's timer started
         self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         self._context_unused = False  # adaptive "ngram": no draft forward ever runs, so context rows are dropped
         self._drop_step = False  # this step's plan says 'off' won here: its context rows are dropped, not held
@@ -321,10 +322,12 @@ class DFlashDrafter(DFlashProposer):
         if rows is None:
             return
         hidden, positions, slots = rows
+        t0 = time.perf_counter()
         t_inj = self.timer.start()
         model = self._inner()
         model.precompute_and_store_context_kv(model.combine_hidden_states(hidden), positions, slots)
         self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
+        self._injection_s += time.perf_counter() - t0  # host time (the adaptive block-cost fit leaves it out)
 
     def _denoise(self, run_model, sample_idx, K, sampling_metadata) -> torch.Tensor:
         """The draft forward: `diffusion_steps` passes of the draft model over [anchor, MASK x K] per request (keep
@@ -447,10 +450,10 @@ class DFlashDrafter(DFlashProposer):
             self.metrics.inc("context_dropped_steps")
         block = None
         if plan.needs_block:
-            t0 = time.perf_counter()
+            t0, self._injection_s = time.perf_counter(), 0.0
             self._write_hints(rows, self._hints(plan.lookups, hists))
             block = self._block(draft, rows)  # on GPU, its copy to the host waits for the forward: wall time is right
-            self.controller.observe_block(B, time.perf_counter() - t0)
+            self.controller.observe_block(B, time.perf_counter() - t0, self._injection_s)
         planned = self.controller.propose(plan, block)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
