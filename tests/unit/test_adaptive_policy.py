@@ -88,15 +88,43 @@ def test_cost_model_slopes_stay_non_negative():
     assert m(32, 16) == pytest.approx(0.052, rel=0.1)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+def test_cost_model_separates_produced_token_cost_from_query_token_cost():
+    """Served at concurrency 32 on two cores, each produced token costs streaming work that lands in the step time.
+    T = 20 ms + 0.2 ms per query token + 0.3 ms per produced token, with produced tokens following drafted ones
+    (acceptance 0.4-0.8): fitted per produced token (per_output), the draft-token slope is the true 0.2 ms; without
+    it the draft tokens carry the produced tokens' cost and read at least 1.5 times dearer."""
+    rng = np.random.default_rng(0)
+    three, two = StepCostModel(per_output=True), StepCostModel()
+    for step in range(400):
+        B = 32 - step // 40
+        drafted = int(rng.integers(0, 3 * B + 1))
+        produced = B + int(rng.binomial(drafted, rng.uniform(0.4, 0.8)))
+        t = 0.020 + 0.0002 * (B + drafted) + 0.0003 * produced + rng.normal(0, 0.0005)
+        three.observe(B + drafted, t, B, produced)
+        two.observe(B + drafted, t, B)
+    assert three.beta == pytest.approx(0.0002, abs=0.00007) and three.gamma == pytest.approx(0.0003, abs=0.0001)
+    assert two.beta > 1.5 * 0.0002 and two.gamma == 0.0
+    assert three(60, 20, 40) == pytest.approx(0.020 + 0.0002 * 60 + 0.0003 * 40, rel=0.05)
+
+
+def test_planner_drafts_more_when_produced_tokens_carry_their_own_cost():
+    """The same measured step times, charged to produced tokens (gamma) rather than to query tokens: a proposal whose
+    tokens are usually accepted is worth verifying in the first model, not in the second."""
+    gains = [cumulative_acceptance(np.full(4, 0.8), 4)] * 32  # P(i) = 0.8^i
+    dear = StepCostModel(alpha=0.020, beta=0.0005, delta=0.0)  # 0.5 ms a query token
+    split = StepCostModel(alpha=0.020, beta=0.0002, delta=0.0, gamma=0.0003)  # 0.2 + 0.3 per produced token
+    assert sum(plan_lengths(gains, split)) > sum(plan_lengths(gains, dear))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_small_spd_solve_matches_lapack(n):
-    """The cost model's LAPACK-free solve (Cramer's rule on the ridge normal equations) equals numpy.linalg.solve
-    on badly scaled SPD systems like the fit's (columns 1, query tokens ~ 10-300, requests ~ 1-32)."""
+    """The cost model's LAPACK-free solve (Cholesky on the ridge normal equations) equals numpy.linalg.solve on
+    badly scaled SPD systems like the fit's (columns 1, query tokens ~ 10-300, requests ~ 1-32, produced ~ 1-200)."""
     from vllm_dflash.adaptive.policy import _solve_spd
 
     rng = np.random.default_rng(n)
     for _ in range(100):
-        X = rng.normal(size=(20, n)) * np.array([1.0, 300.0, 32.0])[:n]
+        X = rng.normal(size=(20, n)) * np.array([1.0, 300.0, 32.0, 200.0])[:n]
         A, y = X.T @ X + 1e-3 * np.eye(n), rng.normal(size=n)
         np.testing.assert_allclose(_solve_spd(A.tolist(), y.tolist()), np.linalg.solve(A, y), rtol=1e-7, atol=1e-12)
 
@@ -441,7 +469,7 @@ def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
     c.observe_block(1, 0.03)
     seen = []
-    c.cost.observe = lambda n, dt, reqs=0: seen.append((n, round(dt, 6), reqs))
+    c.cost.observe = lambda n, dt, reqs=0, out=0: seen.append((n, round(dt, 6), reqs))
     c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
     assert seen == [(8, 0.01, 1)] and c.block_cost.num_obs == 1
 
@@ -455,7 +483,7 @@ def test_injection_of_held_rows_stays_out_of_the_block_cost_fit():
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
     c.observe_block(1, 0.03, injection_s=0.025)
     seen = []
-    c.cost.observe = lambda n, dt, reqs=0: seen.append((n, round(dt, 6), reqs))
+    c.cost.observe = lambda n, dt, reqs=0, out=0: seen.append((n, round(dt, 6), reqs))
     c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
     assert fitted == [(1, 0.005)] and seen == [(8, 0.01, 1)]
 

@@ -120,7 +120,8 @@ class AdaptiveController:
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.acceptance = AcceptanceModel(k_max)
-        self.cost = StepCostModel()  # the step without the draft forward: T(query tokens)
+        # the step without the draft forward: T(query tokens, requests, produced tokens)
+        self.cost = StepCostModel(per_output=True)
         self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
@@ -152,17 +153,18 @@ class AdaptiveController:
         was fed in the step just verified; decode_only: that step had no prefill chunk (its time is a clean cost
         sample); extra_tokens: prefill tokens likely to share the next step."""
         now = self.clock()
+        accepted = self._score_previous(req_ids, histories)
+        produced = len(req_ids) + accepted  # tokens of the step just verified: one per request plus accepted drafts
         dt = None
         if self._last_t is not None and decode_only and query_tokens > 0:
             dt = now - self._last_t - self._block_s
-            if dt < 10 * self.cost(query_tokens, len(req_ids)) + 0.05:  # an idle gap is not a step cost
-                self.cost.observe(query_tokens, dt, len(req_ids))  # the step just verified: these requests
+            if dt < 10 * self.cost(query_tokens, len(req_ids), produced) + 0.05:  # an idle gap is not a step cost
+                self.cost.observe(query_tokens, dt, len(req_ids), produced)  # the step just verified
             else:
                 dt = None
         self._last_t, block_s, self._block_s = now, self._block_s, 0.0
         self._steps += 1
         self._count("request_steps", len(req_ids))
-        accepted = self._score_previous(req_ids, histories)
         ran = self.guards.get(self._decided_bucket)  # the guard whose arm ran the step just verified
         if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
             ran.record(len(req_ids) + accepted, dt + block_s)  # the guard judges the whole step

@@ -11,9 +11,9 @@ docs/ADAPTIVE.md). This class is that choice, free of vLLM:
   a match in the request's tokens as the scheduler knows them (`CONTEXTS`; two steps behind the drafter's view).
   On code a copy span lasts many steps, so a match there predicts a long accepted prompt-lookup proposal, and no
   match predicts the DFlash block's (lower) acceptance.
-- **Step cost** T(n, B) = alpha + beta * n + delta * B from the time between consecutive step outputs (under
-  overlap the worker runs steps back to back, so that gap is the step's duration), the tokens the step scheduled and
-  its requests.
+- **Step cost** T(n, B, m) = alpha + beta * n + delta * B + gamma * m from the time between consecutive step
+  outputs (under overlap the worker runs steps back to back, so that gap is the step's duration), the tokens the
+  step scheduled, its requests and the tokens it produced.
 - **Plan**: `plan_lengths` over every decoding request, then a `SpeculationGuard` per batch-size bucket that
   compares realised output tokens/s against no speculation, as in the synchronous controller.
 
@@ -36,7 +36,7 @@ class LengthPlanner:
     def __init__(self, k_max: int, metrics=None, clock=time.perf_counter):
         self.k_max = k_max
         self.acceptance = AcceptanceModel(k_max, prior=dict(CONTEXTS))
-        self.cost = StepCostModel()
+        self.cost = StepCostModel(per_output=True)
         self.guards: dict[int, SpeculationGuard] = {}
         self.metrics, self.clock = metrics, clock
         self._last_t: float | None = None
@@ -61,9 +61,10 @@ class LengthPlanner:
         ctx = decision[2] if decision is not None else {}
         for rid, k, a in outcomes:
             self.acceptance.observe(rid, ctx.get(rid, ANY), k, max(0, min(a, k)))
-        if dt is None or not decode_only or num_tokens <= 0 or dt > 10 * self.cost(num_tokens, num_reqs) + 0.05:
+        if (dt is None or not decode_only or num_tokens <= 0
+                or dt > 10 * self.cost(num_tokens, num_reqs, tokens_out) + 0.05):
             return  # a prefill step's time is not a decode cost; a long gap is idle time, not a step
-        self.cost.observe(num_tokens, dt, num_reqs)
+        self.cost.observe(num_tokens, dt, num_reqs, tokens_out)
         if decision is not None:
             bucket, arm, _ = decision
             self.guard(bucket).record(tokens_out, dt, arm=arm)

@@ -15,6 +15,8 @@ operations over the whole batch: the planner runs on every step, at every batch 
 """
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,98 +92,112 @@ class AcceptanceModel:
 
 @dataclass
 class StepCostModel:
-    """Online least squares fit of step time T(n, B) = alpha + beta * n + delta * B: n query tokens fed to the
-    target, B requests in the step. beta is what one more draft token costs; delta what a request costs beyond its
-    query tokens (its attention over its own context, sampling, output processing).
+    """Online least squares fit of step time T(n, B, m) = alpha + beta * n + delta * B (+ gamma * m): n query tokens
+    fed to the target, B requests in the step, m tokens the step produced. beta is what one more draft token costs;
+    delta what a request costs beyond its query tokens (its attention over its own context, sampling, a streamed
+    chunk); gamma (with `per_output`) what each produced token costs wherever it is produced (output processing,
+    detokenizing and streaming, which on a small CPU share the cores and land in the engine's step time).
 
     One slope per query token (delta = 0) charges per-request cost to draft tokens wherever the batch size moves with
     n (a batch draining while its draft lengths stay alike), so drafts look dearer than they are and the planner cuts
     proposals that pay (tests/unit/test_adaptive_policy.py: 2.5x the true slope). Where a request costs nothing
-    beyond its tokens, delta fits to 0 and this is the one-slope model (the bf16 EPYC at concurrency 32).
+    beyond its tokens, delta fits to 0 and this is the one-slope model (the bf16 EPYC at concurrency 32). Likewise
+    without gamma, per-produced-token work is charged to the draft tokens that produced it (accepted tokens grow with
+    drafted ones): served at concurrency 32 on a 2-core Xeon the fit read 0.47-0.51 ms a query token against 0.33 ms
+    in process, and the planner drafted less than vLLM's n-gram there.
 
     Exponentially weighted normal equations (forgetting factor `forget` per observation) with a ridge toward the
-    initial values: `prior_weight` pseudo observations per parameter (at the scale of a spread of 16 in n and in B),
+    initial values: `prior_weight` pseudo observations per parameter (at the scale of a spread of 16 in n, B and m),
     fading like the data down to a floor of `ridge_floor` of that. The floor keeps a direction the data leave open (a
-    batch that never changes size, n that never moves) at the prior without biasing the rest; beta and delta are kept
+    batch that never changes size, n that never moves) at the prior without biasing the rest; the slopes are kept
     >= 0 (a step never gets cheaper with more tokens or requests). Units: seconds.
     Callers that pass no num_reqs fit and evaluate the one-slope model T(n) = alpha + beta * n."""
 
     alpha: float = 0.03
     beta: float = 0.002
     delta: float = 0.0
+    gamma: float = 0.0
+    per_output: bool = False  # fit gamma from the produced tokens `observe` is given (else gamma stays as set)
     forget: float = 0.98
     prior_weight: float = 2.0
     ridge_floor: float = 0.01
     num_obs: int = 0
 
     def __post_init__(self):
-        self._theta0 = np.array([self.alpha, self.beta, self.delta])  # [3] the prior (alpha, beta, delta)
-        self._ridge = self.prior_weight * np.array([1.0, 16.0 ** 2, 16.0 ** 2])  # [3] diagonal
-        self._xtx = np.zeros((3, 3))  # weighted sum of x x^T, x = [1, n, B]
-        self._xty = np.zeros(3)  # weighted sum of x * t
+        p = self._p = 4 if self.per_output else 3  # parameters fitted: (alpha, beta, delta[, gamma])
+        self._theta0 = np.array([self.alpha, self.beta, self.delta, self.gamma][:p])  # [p] the prior
+        self._ridge = self.prior_weight * np.array([1.0] + [16.0 ** 2] * (p - 1))  # [p] diagonal
+        self._xtx = np.zeros((p, p))  # weighted sum of x x^T, x = [1, n, B(, m)]
+        self._xty = np.zeros(p)  # weighted sum of x * t
+        # the sets of free slopes tried when the unconstrained fit has a negative one: all of them first, then
+        # every smaller subset (alpha is always free)
+        slopes = range(1, p)
+        self._subsets = [(0,) + c for r in range(p - 1, -1, -1) for c in itertools.combinations(slopes, r)]
 
-    def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0) -> None:
+    def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0, out_tokens: int = 0) -> None:
+        """One step: n_tokens query tokens, num_reqs requests, out_tokens tokens it produced (used with
+        `per_output`), `seconds` long."""
         if seconds <= 0 or n_tokens <= 0:
             return
-        x = np.array([1.0, float(n_tokens), float(num_reqs)])
+        x = np.array([1.0, float(n_tokens), float(num_reqs), float(out_tokens)][: self._p])
         self._xtx = self._xtx * self.forget + np.outer(x, x)
         self._xty = self._xty * self.forget + x * seconds
         self.num_obs += 1
-        self.alpha, self.beta, self.delta = self._solve()
+        th = self._solve()
+        self.alpha, self.beta, self.delta = th[0], th[1], th[2]
+        if self.per_output:
+            self.gamma = th[3]
 
-    def _solve(self) -> tuple[float, float, float]:
-        """Ridge least squares with beta, delta >= 0: the unconstrained optimum if feasible, else the best of the
-        fits with the offending slopes held at 0 (3 parameters: at most four small solves).
+    def _solve(self) -> list[float]:
+        """Ridge least squares with every slope >= 0: the unconstrained optimum if feasible, else the best of the
+        fits with the offending slopes held at 0 (3 parameters: at most four small solves; 4: at most eight).
 
         Plain Python floats (`_solve_spd`), no LAPACK: this runs on the engine's main thread after every step (and
         after every draft forward, for the block's cost), where numpy.linalg's dispatch for the two fits cost 0.33 ms
         a step at concurrency 1 on a 2-core Xeon (0.13 ms now); the arithmetic itself is a few dozen flops."""
+        p = self._p
         ridge = [r * max(self.forget ** self.num_obs, self.ridge_floor) for r in self._ridge.tolist()]
-        A = self._xtx.tolist()  # [3][3]
-        for i in range(3):
+        A = self._xtx.tolist()  # [p][p]
+        for i in range(p):
             A[i][i] += ridge[i]
         y = [v + r * t for v, r, t in zip(self._xty.tolist(), ridge, self._theta0.tolist())]
         best, best_obj = None, float("inf")
-        for free in ((0, 1, 2), (0, 1), (0, 2), (0,)):
+        for free in self._subsets:
             sol = _solve_spd([[A[i][j] for j in free] for i in free], [y[i] for i in free])
-            th = [0.0, 0.0, 0.0]
+            th = [0.0] * p
             for i, v in zip(free, sol):
                 th[i] = v
-            if th[1] < 0 or th[2] < 0:
+            if any(t < 0 for t in th[1:]):
                 continue
-            obj = sum(th[i] * A[i][j] * th[j] for i in range(3) for j in range(3)) - 2.0 * sum(
+            obj = sum(th[i] * A[i][j] * th[j] for i in range(p) for j in range(p)) - 2.0 * sum(
                 t * v for t, v in zip(th, y))
             if obj < best_obj:
                 best, best_obj = th, obj
-            if free == (0, 1, 2):
+            if len(free) == p:
                 break  # the unconstrained optimum is feasible: nothing beats it
-        return max(best[0], 1e-6), best[1], best[2]
+        best[0] = max(best[0], 1e-6)
+        return best
 
-    def __call__(self, n_tokens: float, num_reqs: float = 0) -> float:
-        return self.alpha + self.beta * n_tokens + self.delta * num_reqs
+    def __call__(self, n_tokens: float, num_reqs: float = 0, out_tokens: float = 0) -> float:
+        return self.alpha + self.beta * n_tokens + self.delta * num_reqs + self.gamma * out_tokens
 
 
 def _solve_spd(A: list[list[float]], y: list[float]) -> list[float]:
-    """x with A x = y for a symmetric positive definite A of size 1, 2 or 3 (nested lists), by Cramer's rule.
-    A is the ridge-regularised normal matrix of `StepCostModel`, so its determinant is positive."""
+    """x with A x = y for a small symmetric positive definite A (nested lists), by Cholesky in Python floats.
+    A is the ridge-regularised normal matrix of `StepCostModel`, so it is positive definite."""
     n = len(y)
-    if n == 1:
-        return [y[0] / A[0][0]]
-    if n == 2:
-        (a, b), (c, d) = A
-        det = a * d - b * c
-        return [(y[0] * d - b * y[1]) / det, (a * y[1] - c * y[0]) / det]
-
-    def det3(m):
-        return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-                + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
-
-    det = det3(A)
-    out = []
-    for col in range(3):
-        m = [[y[i] if j == col else A[i][j] for j in range(3)] for i in range(3)]
-        out.append(det3(m) / det)
-    return out
+    L = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            v = A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))
+            L[i][j] = math.sqrt(v) if i == j else v / L[j][j]
+    z = [0.0] * n
+    for i in range(n):  # L z = y
+        z[i] = (y[i] - sum(L[i][k] * z[k] for k in range(i))) / L[i][i]
+    x = [0.0] * n
+    for i in reversed(range(n)):  # L^T x = z
+        x[i] = (z[i] - sum(L[k][i] * x[k] for k in range(i + 1, n))) / L[i][i]
+    return x
 
 
 def gain_matrix(gains) -> np.ndarray:
@@ -216,8 +232,9 @@ def plan_lengths(gains, cost: StepCostModel, extra_tokens: int = 0) -> list[int]
     n0 = float(B + extra_tokens)
     drafted = np.arange(1, flat.size + 1, dtype=np.float64)
     vals = np.empty(flat.size + 1)
-    vals[0] = B / cost(n0, B)
-    vals[1:] = (B + np.cumsum(flat[order])) / cost(n0 + drafted, B)
+    tokens = B + np.cumsum(flat[order])  # [B * K] expected tokens of each prefix
+    vals[0] = B / cost(n0, B, B)
+    vals[1:] = tokens / cost(n0 + drafted, B, tokens)
     best_m = int(np.argmax(vals))  # the first maximum: a longer plan must be strictly better
     return np.bincount(order[:best_m] // max(K, 1), minlength=B).tolist()
 
@@ -235,7 +252,7 @@ def predicted_speedup(gains, ks: list[int], cost: StepCostModel, extra_tokens: i
     k = np.asarray(ks)
     drafted = int(k.sum())
     tokens = B + float(G[np.arange(K)[None, :] < k[:, None]].sum())
-    return (tokens / (cost(n0 + drafted, B) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0, B))
+    return (tokens / (cost(n0 + drafted, B, tokens) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0, B, B))
 
 
 class SpeculationGuard:
@@ -356,6 +373,7 @@ def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: Speculation
     metrics.set("cost_fixed_ms", cost.alpha * 1e3)
     metrics.set("cost_per_token_ms", cost.beta * 1e3)
     metrics.set("cost_per_request_ms", cost.delta * 1e3)
+    metrics.set("cost_per_output_token_ms", cost.gamma * 1e3)
     for arm in guard.ARMS:
         if guard.rate[arm] is not None:
             metrics.set(f"guard_{arm}_tokens_per_s", guard.rate[arm])

@@ -52,9 +52,11 @@ HISTOGRAMS = {
 GAUGES = {
     "block_size": "Block size in use (anchor + draft tokens per request).",
     "diffusion_steps": "Denoising passes per draft block.",
-    "cost_fixed_ms": "Adaptive drafting: fitted fixed cost of a step (alpha of T = alpha + beta*n + delta*B), ms.",
+    "cost_fixed_ms": "Adaptive drafting: fitted fixed cost of a step (alpha of T = alpha + beta*n + delta*B + "
+                     "gamma*m), ms.",
     "cost_per_token_ms": "Adaptive drafting: fitted cost per query token of a step (beta), ms.",
     "cost_per_request_ms": "Adaptive drafting: fitted cost per request of a step beyond its query tokens (delta), ms.",
+    "cost_per_output_token_ms": "Adaptive drafting: fitted cost per token a step produced (gamma), ms.",
     "guard_plan_tokens_per_s": "Adaptive drafting: measured output tokens/s while speculating per the plan.",
     "guard_off_tokens_per_s": "Adaptive drafting: measured output tokens/s without speculation (the guard's other arm).",
 }
