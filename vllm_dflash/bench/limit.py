@@ -64,7 +64,7 @@ def measure_hardware(threads: int, dtype: torch.dtype, hidden: int, intermediate
         buf = torch.ones(bytes_read // 4, dtype=torch.float32)  # 512 MiB: far beyond any cache
         t = _best(lambda: buf.sum(), repeats)
         read_gb_s = bytes_read / t / 1e9
-        del buf
+        buf = None  # free the 512 MiB before the GEMM
         x = torch.randn(tokens, hidden, dtype=dtype)
         w = torch.randn(intermediate, hidden, dtype=dtype)
         t = _best(lambda: torch.nn.functional.linear(x, w), repeats * 4)
