@@ -35,7 +35,7 @@ DROP_HELD = RECORD + """
 from vllm_dflash.integration.deferred_context import DeferredContext
 _take = DeferredContext.take
 def _drop(self, hidden=None, positions=None, slots=None):
-    self._hidden, self._positions, self._slots = [], [], []  # fault: the held rows are lost
+    self.rows = 0  # fault: the held rows are lost
     return _take(self, hidden, positions, slots)
 DeferredContext.take = _drop
 """
