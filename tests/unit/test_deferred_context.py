@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_kv_injection import needs_ext, tol, weights
-from vllm_dflash.integration.deferred_context import DeferredContext, keep_last_per_slot, last_per_slot
+from vllm_dflash.integration.deferred_context import DeferredContext, last_per_slot
 from vllm_dflash.ops import CPU_VEC_LAYOUT, inject_context_kv_to_cache
 
 H, L, NKV, HD, BS, NB = 64, 2, 2, 16, 8, 6
@@ -30,11 +30,12 @@ def _steps(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return out
 
 
-def test_keep_last_per_slot():
+def test_last_per_slot():
     s = torch.tensor([3, 5, 3, -1, 7, 5, -1, 9])
-    assert keep_last_per_slot(s).tolist() == [2, 4, 5, 7]  # the newest row of 3, 7, 5, 9; padding dropped
-    assert keep_last_per_slot(torch.empty(0, dtype=torch.long)).tolist() == []
-    assert last_per_slot(s).tolist() == [False, False, True, False, True, True, False, True]
+    kept = last_per_slot(s)
+    assert torch.nonzero(kept).flatten().tolist() == [2, 4, 5, 7]  # the newest row of 3, 7, 5, 9; padding dropped
+    assert kept.tolist() == [False, False, True, False, True, True, False, True]
+    assert last_per_slot(torch.empty(0, dtype=torch.long)).tolist() == []
 
 
 @needs_ext

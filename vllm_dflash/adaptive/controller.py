@@ -167,7 +167,7 @@ class AdaptiveController:
         self._count("request_steps", len(req_ids))
         ran = self.guards.get(self._decided_bucket)  # the guard whose arm ran the step just verified
         if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
-            ran.record(len(req_ids) + accepted, dt + block_s)  # the guard judges the whole step
+            ran.record(produced, dt + block_s)  # the guard judges the whole step
         self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
         self._prune(req_ids)
 
