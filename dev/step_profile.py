@@ -170,6 +170,18 @@ def main() -> None:
         REC.append(rec)
         return out
     core.step_fn = stepw
+
+    import gc
+    GC_T: list = []
+
+    def gc_cb(phase, info):  # Python's garbage collections inside a step (gen 2 ones can stall a large heap)
+        if phase == "start":
+            GC_T.append(time.perf_counter())
+        elif GC_T:
+            CUR["gc"] += time.perf_counter() - GC_T.pop()
+            if info.get("generation") == 2:
+                CUR["gc2_n"] += 1
+    gc.callbacks.append(gc_cb)
     LAST: dict = {}
     MEASURED: list = []  # non-empty once the measured run starts (--ops profiles inside it only)
     orig_sched = sched.schedule
@@ -192,7 +204,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     ntok = sum(len(o.outputs[0].token_ids) for o in outs)
     dec = [r for r in REC if r["query_tokens"] and r.get("reqs")]
-    keys = ["step", "sched", "fwd", "logits", "rej", "samp", "draft"]
+    keys = ["step", "sched", "fwd", "logits", "rej", "samp", "draft", "gc"]
     pk = sorted({k for r in dec for k in r if k.startswith("p.")})
     mean = {k: 1e3 * sum(r.get(k, 0.0) for r in dec) / max(len(dec), 1) for k in keys}
     mean["other"] = mean["step"] - sum(mean[k] for k in keys[1:])
@@ -201,6 +213,9 @@ def main() -> None:
     print(f"[{a.config}] torch threads {torch.get_num_threads()}, affinity {sorted(os.sched_getaffinity(0))}")
     print(f"{a.config:14s} c{a.concurrency} {ntok} tok in {wall:.1f} s = {ntok / wall:.1f} tok/s; {len(dec)} steps, "
           f"{qt:.1f} query tokens/step; ms/step: " + " ".join(f"{k} {v:.1f}" for k, v in mean.items()), flush=True)
+    gcs = [r.get("gc", 0.0) for r in REC]
+    print(f"  Python GC: {1e3 * sum(gcs):.0f} ms in the run, {int(sum(r.get('gc2_n', 0) for r in REC))} full "
+          f"(generation 2) collections, longest step share {1e3 * max(gcs, default=0.0):.0f} ms", flush=True)
     if pk:
         print("  drafter parts ms/step: " + " ".join(f"{k[2:]} {1e3 * sum(r.get(k, 0.0) for r in dec) / len(dec):.2f}"
                                               for k in pk), flush=True)

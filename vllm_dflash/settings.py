@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from vllm_dflash.config import DFlashConfigError
@@ -235,6 +234,12 @@ class ProcessSettings:
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
         doc="Time every target forward into vllm_dflash:target_forward_seconds (CPU, eager or compiled; the serving "
             "benchmark sets it).", fix="use 1 or 0")
+    trace: str | None = _setting(
+        None, type="path", allowed="a folder", shown_default="off", parse=_text_or_none, spec_key=False,
+        doc="Adaptive drafting: write one JSON line per engine step (batch, query and produced tokens, the step's "
+            "measured time, the guard's arm and rates, the plan's sources and lengths) to "
+            "`<folder>/trace-<pid>.jsonl`, to see what the cost model and the guard decide on (docs/ADAPTIVE.md).",
+        fix="set it to a writable folder path")
     skip_version_check: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
         doc="Apply the patches on a vLLM other than 0.32.x (at your own risk; docs/CONTRACTS.md).", fix="use 1 or 0")

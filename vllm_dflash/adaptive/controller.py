@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         plan_lengths, predicted_speedup, publish_plan)
+from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, SplitStepCost, StepCostModel,
+                                         batch_bucket, plan_lengths, predicted_speedup, publish_plan)
+from vllm_dflash.adaptive.trace import open_trace
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
 PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
@@ -114,14 +115,15 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
 
 class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, split_cost: bool = False):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.acceptance = AcceptanceModel(k_max)
-        # the step without the draft forward: T(query tokens, requests, produced tokens)
-        self.cost = StepCostModel(per_output=True)
+        # the step without the draft forward: T(query tokens, requests, produced tokens); split_cost: fitted as the
+        # target forward (timed by the caller, `plan(forward_s=...)`) plus the rest of the step (`SplitStepCost`)
+        self.cost = SplitStepCost() if split_cost else StepCostModel(per_output=True)
         self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
@@ -135,6 +137,7 @@ class AdaptiveController:
         self.skip_when_off = True  # a measured-off step plans nothing (False: plan anyway, e.g. a TP follower rank)
         # requests whose draft context has holes (rows dropped while 'off' won): no DFlash tokens for them again
         self._stale: set[str] = set()
+        self.trace = open_trace()  # DFLASH_TRACE: one record per step (adaptive/trace.py), else None
 
     @property
     def guard(self) -> SpeculationGuard:
@@ -146,12 +149,13 @@ class AdaptiveController:
 
     # ------------------------------------------------------------------ synchronous scheduling
     def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,
-             extra_tokens: int = 0) -> StepPlan:
+             extra_tokens: int = 0, forward_s: float | None = None) -> StepPlan:
         """Sources and lengths of this step, before the draft forward.
 
         histories[r]: committed tokens of request r (prompt + output, newest last); query_tokens: tokens the target
         was fed in the step just verified; decode_only: that step had no prefill chunk (its time is a clean cost
-        sample); extra_tokens: prefill tokens likely to share the next step."""
+        sample); extra_tokens: prefill tokens likely to share the next step; forward_s: that step's target forward
+        time (with `split_cost`; None: unknown, the step is then not a cost sample)."""
         now = self.clock()
         accepted = self._score_previous(req_ids, histories)
         produced = len(req_ids) + accepted  # tokens of the step just verified: one per request plus accepted drafts
@@ -159,7 +163,10 @@ class AdaptiveController:
         if self._last_t is not None and decode_only and query_tokens > 0:
             dt = now - self._last_t - self._block_s
             if dt < 10 * self.cost(query_tokens, len(req_ids), produced) + 0.05:  # an idle gap is not a step cost
-                self.cost.observe(query_tokens, dt, len(req_ids), produced)  # the step just verified
+                if isinstance(self.cost, SplitStepCost):
+                    self.cost.observe(query_tokens, dt, len(req_ids), produced, forward_s)
+                else:
+                    self.cost.observe(query_tokens, dt, len(req_ids), produced)  # the step just verified
             else:
                 dt = None
         self._last_t, block_s, self._block_s = now, self._block_s, 0.0
@@ -176,14 +183,36 @@ class AdaptiveController:
             # measured: no speculation is faster here (or being re-measured). The forecast only steers the guard
             # before 'off' was measured, so nothing is planned: no lookups, no planning cost at any batch size.
             empty = np.zeros(0, dtype=np.int64)
-            return StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B,
+            plan = StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B,
                             drop_context=self.guard.best == "off")
-        lookups = [self._lookup(h) for h in histories]
-        sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
-        self.guard.predict(forecast)
-        if self.guard.arm == "off":  # 'off' being measured for the first time
-            sources, ks = ["none"] * B, [0] * B
-        return StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
+        else:
+            lookups = [self._lookup(h) for h in histories]
+            sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
+            self.guard.predict(forecast)
+            if self.guard.arm == "off":  # 'off' being measured for the first time
+                sources, ks = ["none"] * B, [0] * B
+            plan = StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
+        if self.trace is not None:
+            self._trace_step(plan, query_tokens, produced, dt, block_s, forward_s, decode_only, extra_tokens,
+                             self.clock() - now)
+        return plan
+
+    def _trace_step(self, plan: StepPlan, query_tokens: int, produced: int, dt: float | None, block_s: float,
+                    forward_s: float | None, decode_only: bool, extra_tokens: int, plan_s: float) -> None:
+        """One `trace` record: the step just verified (its query and produced tokens, its cost sample dt and the
+        draft forward's time in it) and this step's decision (and `plan_s`, the planning time) (guard arm and rates, forecast, sources, lengths)."""
+        g = self.guard
+        by_source: dict[str, int] = {}
+        for s, k in zip(plan.sources, plan.ks):
+            if k > 0:
+                by_source[s] = by_source.get(s, 0) + 1
+        self.trace.record(
+            B=len(plan.req_ids), q=query_tokens, out=produced, dt=dt, fwd=forward_s, blk=block_s, plan_s=plan_s,
+            decode=decode_only,
+            extra=extra_tokens, bucket=self._bucket, arm=g.arm, best=g.best, plan_rate=g.rate["plan"],
+            off_rate=g.rate["off"], forecast=g.forecast, matched=int(sum(len(t) > 0 for t in plan.lookups)),
+            drafted=int(sum(plan.ks)), sources=by_source, block=plan.needs_block,
+            cost=[self.cost.alpha, self.cost.beta, self.cost.delta, self.cost.gamma])
 
     def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],
                    extra_tokens: int) -> tuple[list[str], list[int], float]:

@@ -121,6 +121,11 @@ class StepCostModel:
     forget: float = 0.98
     prior_weight: float = 2.0
     ridge_floor: float = 0.01
+    # a sample above max_ratio x the fit's prediction (after `warmup` samples) enters as max_ratio x the prediction:
+    # a stall of the host (a garbage collection, the API server's burst on the same cores) is not a step cost, and
+    # one 288 ms step among 50 ms ones moved the slope of a served fit from 0.6 to 1.5 ms a query token
+    max_ratio: float = 3.0
+    warmup: int = 8
     num_obs: int = 0
 
     def __post_init__(self):
@@ -139,6 +144,8 @@ class StepCostModel:
         `per_output`), `seconds` long."""
         if seconds <= 0 or n_tokens <= 0:
             return
+        if self.num_obs >= self.warmup:
+            seconds = min(seconds, self.max_ratio * self(n_tokens, num_reqs, out_tokens))
         x = np.array([1.0, float(n_tokens), float(num_reqs), float(out_tokens)][: self._p])
         self._xtx = self._xtx * self.forget + np.outer(x, x)
         self._xty = self._xty * self.forget + x * seconds
@@ -180,6 +187,59 @@ class StepCostModel:
 
     def __call__(self, n_tokens: float, num_reqs: float = 0, out_tokens: float = 0) -> float:
         return self.alpha + self.beta * n_tokens + self.delta * num_reqs + self.gamma * out_tokens
+
+
+class SplitStepCost:
+    """The step's cost as two fits: the target forward F(n) = a_f + b_f * n, timed on its own, and the rest of the
+    step H(B, m) = a_h + d_h * B + g_h * m (sampling, output processing, scheduling, the drafter's host work), the
+    step's wall time less its forward. Evaluated and published like `StepCostModel`: T(n, B, m) = F(n) + H(B, m),
+    alpha = a_f + a_h, beta = b_f, delta = d_h, gamma = g_h.
+
+    Why split: a query token's cost lives in the forward, a request's and a produced token's mostly outside it. Fitted
+    on the wall time alone, the three slopes are told apart only by steps whose draft lengths differ, and the host's
+    stalls land on whichever steps they hit: served at concurrency 32 on a 2-core Xeon, the whole-step fit read 0.9-1.3
+    ms a query token (so the planner drafted almost nothing), where vLLM's n-gram drafter, verifying 25.6 more tokens
+    a step than no speculation, took 5.3 ms more a step (0.21 ms a draft token, its accepted tokens' output included)
+    and its forward 2.8 ms more (0.11 ms a token). The forward's own time is clean (no host stall in it) and moves
+    with every change of n (batch size included), so b_f is identified even when nothing is drafted; a request adds
+    no forward cost beyond its query tokens, so F has no per-request term.
+    Used where the forward's time is known when the step is observed (CPU: a forward has finished when it returns)."""
+
+    def __init__(self):
+        self.forward = StepCostModel(alpha=0.01, beta=0.0005)  # F(n): observed with num_reqs = 0 (no delta term)
+        # H(B, m): B enters as the model's "n" column (its beta is the per-request slope), m as produced tokens
+        self.host = StepCostModel(alpha=0.005, beta=0.0005, per_output=True)
+
+    def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0, out_tokens: int = 0,
+                forward_s: float | None = None) -> None:
+        """One step (as `StepCostModel.observe`) of which `forward_s` seconds were the target forward."""
+        if forward_s is None or forward_s <= 0 or seconds <= forward_s or num_reqs <= 0:
+            return
+        self.forward.observe(n_tokens, forward_s)
+        self.host.observe(num_reqs, seconds - forward_s, 0, out_tokens)
+
+    @property
+    def num_obs(self) -> int:
+        return self.forward.num_obs
+
+    @property
+    def alpha(self) -> float:
+        return self.forward.alpha + self.host.alpha
+
+    @property
+    def beta(self) -> float:
+        return self.forward.beta
+
+    @property
+    def delta(self) -> float:
+        return self.host.beta
+
+    @property
+    def gamma(self) -> float:
+        return self.host.gamma
+
+    def __call__(self, n_tokens, num_reqs=0, out_tokens=0):
+        return self.forward(n_tokens) + self.host(num_reqs, 0, out_tokens)
 
 
 def _solve_spd(A: list[list[float]], y: list[float]) -> list[float]:

@@ -360,6 +360,15 @@ CONTRACTS: tuple[Contract, ...] = (
         params=("load_dummy_weights",), source=("self.model = get_model(",), patch="profile_forward",
         test="tests/vllm/test_vllm_profile.py, tests/vllm/test_vllm_serve.py::test_serve_end_to_end"),
     Contract(
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", "method",
+        "integration/forward_timer.py, integration/proposer.py",
+        "adaptive drafting on CPU with synchronous scheduling: the drafter's `load_model(target_model)` wraps that "
+        "instance's `forward` with a host timer (`ForwardTimer`) whose time per step feeds the step-cost fit",
+        "it passes the loaded target (`self.model`, which the runner calls once per engine step) to "
+        "`self.drafter.load_model`; on CPU that call has finished the forward when it returns, eager or compiled",
+        params=("load_dummy_weights",), source=("self.drafter.load_model(self.model)",),
+        test=f"{_ADAPTIVE_TEST}, tests/unit/test_adaptive_step_cost.py"),
+    Contract(
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner._sample", "method", "integration/patches/cpu_plain_sample.py",
         "wrapped: a batch whose `spec_decode_metadata.max_spec_len` is 0 is sampled as `_sample(logits, None)`",
         "`_sample(logits, None)` is the runner's non-speculative branch (the plain sampler on `logits`); with no "

@@ -142,6 +142,7 @@ class DFlashDrafter(DFlashProposer):
         self.adaptive = self.settings.adaptive_mode
         self.controller = None
         self.overlap = False
+        self._forward_timer = None  # adaptive drafting on CPU, synchronous: times the target forward for the cost fit
         self._injection_s = 0.0  # host seconds in `_inject` since the draft forward's timer started
         self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         self._context_unused = False  # adaptive "ngram": no draft forward ever runs, so context rows are dropped
@@ -156,8 +157,14 @@ class DFlashDrafter(DFlashProposer):
                                  f"each request's draft length). Fix: --scheduler-cls {ADAPTIVE_SCHEDULER}, or drop "
                                  "--async-scheduling, or set speculative_config.adaptive to false")
             ngram = self.hint_ngram or (2, 4)  # a hinted draft: the controller's lookups are its hints
+            # CPU, synchronous: the step cost is fitted as the target forward (timed here) plus the rest of the step
+            if device.type == "cpu" and not self.overlap:
+                from vllm_dflash.integration.forward_timer import ForwardTimer
+
+                self._forward_timer = ForwardTimer()
             self.controller = AdaptiveController(self.num_speculative_tokens, mode=self.adaptive, metrics=self.metrics,
-                                                 ngram_min=ngram[0], ngram_max=ngram[1])
+                                                 ngram_min=ngram[0], ngram_max=ngram[1],
+                                                 split_cost=self._forward_timer is not None)
             # TP > 1: a rank may adopt rank 0's plan where its own guard was off, so it keeps its lookups every step
             self.controller.skip_when_off = self._tp is None
             # adaptive "ngram" drafts from prompt lookup only: no draft forward ever reads the draft's cache, so no
@@ -199,6 +206,8 @@ class DFlashDrafter(DFlashProposer):
     @override
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
+        if self._forward_timer is not None:
+            self._forward_timer.wrap(target_model)
         from vllm_dflash.integration.vllm_model import DFlashDraftForVllm
 
         if not isinstance(self._inner(), DFlashDraftForVllm):
@@ -439,8 +448,9 @@ class DFlashDrafter(DFlashProposer):
         req_ids, hists, rows, decode_only, prefill_tokens = self._histories(K, target_positions, next_token_ids, cad,
                                                                             num_rejected)
         batch, B, qsl = self._runner.input_batch, cad.num_reqs, cad.query_start_loc_cpu
+        fwd = self._forward_timer.take() if self._forward_timer is not None else None
         plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
-                                    extra_tokens=prefill_tokens)
+                                    extra_tokens=prefill_tokens, forward_s=fwd)
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
         if plan.drop_context and self._deferred is not None:
             # no speculation won at this batch size: holding this step's rows (copy, fc, K/V write) would be the only
