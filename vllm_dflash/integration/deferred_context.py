@@ -122,3 +122,12 @@ class DeferredContext:
         # hidden rows would copy up to max_rows x F into a fresh tensor (at 4096 x 2880 bf16, 24 MB whose first
         # touch cost tens of ms inside the engine), where their fc and K/V cost a little wasted compute
         return h, p, torch.where(last_per_slot(s), s, torch.full_like(s, -1))
+
+
+def kept_rows(query_start_loc: list[int], keep: list[bool]) -> list[int] | None:
+    """Indices of a step's context rows whose request keeps its draft context. query_start_loc: [B + 1] row offsets of
+    the step's requests (batch order); keep[i]: request i keeps it. -> None when every request does (take all rows
+    as they are), else the rows of the kept requests in order (possibly empty)."""
+    if all(keep):
+        return None
+    return [j for i, k in enumerate(keep) if k for j in range(query_start_loc[i], query_start_loc[i + 1])]

@@ -43,6 +43,7 @@ from vllm_dflash import settings
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
+from vllm_dflash.integration.deferred_context import kept_rows
 from vllm_dflash.serve.metrics import MetricsSink, is_output_rank
 
 logger = init_logger(__name__)
@@ -291,10 +292,18 @@ class DFlashDrafter(DFlashProposer):
                 return self._propose_adaptive(draft, K, batch_size, target_token_ids, target_positions,
                                               next_token_ids, common_attn_metadata, num_rejected_tokens_gpu)
             finally:
-                # no draft forward: hold the rows for the next one, unless no draft forward may read them
+                # no draft forward: hold the rows for the next one, unless no draft forward may read them (and only
+                # those of requests that still hold their draft context: `AdaptiveController.wants_context`)
                 if defer and not inputs and not self._context_unused and not self._drop_step:
-                    self._defer(target_hidden_states[:num_context], self._context_positions_buffer[:num_context],
-                                self._context_slot_mapping_buffer[:num_context])
+                    rows = self._wanted_rows(common_attn_metadata, num_context)
+                    hidden = target_hidden_states[:num_context]
+                    positions = self._context_positions_buffer[:num_context]
+                    slots = self._context_slot_mapping_buffer[:num_context]
+                    if rows is None:
+                        self._defer(hidden, positions, slots)
+                    elif rows:
+                        idx = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+                        self._defer(hidden[idx], positions[idx], slots[idx])
         if K == 0:
             return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
         self.metrics.inc("draft_steps")
@@ -320,6 +329,18 @@ class DFlashDrafter(DFlashProposer):
                                           num_rejected)
         return self._adaptive(draft, K, target_positions, next_token_ids, cad, num_rejected)
 
+    def _wanted_rows(self, cad, num_context: int) -> list[int] | None:
+        """This step's context rows whose requests still hold their draft context (None: all of them; the common case,
+        no request released its context)."""
+        if not self.controller.stale:
+            return None
+        B = cad.num_reqs
+        qsl = cad.query_start_loc_cpu[: B + 1].tolist()
+        if qsl[B] != num_context:  # rows that are not the requests' query tokens: keep them all
+            return None
+        ids = self._runner.input_batch.req_ids[:B]
+        return kept_rows(qsl, [self.controller.wants_context(r) for r in ids])
+
     def _defer(self, hidden, positions, slots) -> None:
         """Hold a step's context rows (raw target features [n, n_feat * H], positions, slots); inject them all now
         when the FIFO is full (a long stretch of steps without a draft forward)."""
@@ -336,7 +357,10 @@ class DFlashDrafter(DFlashProposer):
         model = self._inner()
         model.precompute_and_store_context_kv(model.combine_hidden_states(hidden), positions, slots)
         self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
-        self._injection_s += time.perf_counter() - t0  # host time (the adaptive block-cost fit leaves it out)
+        dt = time.perf_counter() - t0
+        self._injection_s += dt  # host time (the adaptive block-cost fit leaves it out)
+        if self.controller is not None:
+            self.controller.observe_injection(int(slots.shape[0]), dt)
 
     def _denoise(self, run_model, sample_idx, K, sampling_metadata) -> torch.Tensor:
         """The draft forward: `diffusion_steps` passes of the draft model over [anchor, MASK x K] per request (keep

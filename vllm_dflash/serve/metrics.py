@@ -77,6 +77,9 @@ COUNTERS = {
     "accepted_tokens_merged": "Adaptive drafting: accepted merged-proposal draft tokens.",
     "context_dropped_steps": "Adaptive drafting: steps whose context rows were dropped because no speculation was "
                              "measured faster at that batch size (their requests draft by prompt lookup only).",
+    "context_released": "Adaptive drafting: requests that released their draft context after a lease of decode steps "
+                        "without a DFlash token, where keeping the context rows cost a measurable share of a step "
+                        "(they draft by prompt lookup only from then on).",
 }
 
 
