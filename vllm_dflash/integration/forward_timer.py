@@ -11,6 +11,22 @@ import functools
 import time
 
 
+def time_forward_calls(model, on_done, clock=time.perf_counter) -> None:
+    """Wrap `model.forward` (this instance only) so that every call reports its wall time: on_done(seconds), also when
+    the forward raises. Shared by `ForwardTimer` and patches/profile_forward.py."""
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        t0 = clock()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            on_done(clock() - t0)
+
+    model.forward = forward
+
+
 class ForwardTimer:
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
@@ -19,18 +35,11 @@ class ForwardTimer:
 
     def wrap(self, model) -> None:
         """Time every call of `model.forward` (this instance only)."""
-        inner = model.forward
+        time_forward_calls(model, self._add, self.clock)
 
-        @functools.wraps(inner)
-        def forward(*args, **kwargs):
-            t0 = self.clock()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self._seconds += self.clock() - t0
-                self._calls += 1
-
-        model.forward = forward
+    def _add(self, seconds: float) -> None:
+        self._seconds += seconds
+        self._calls += 1
 
     def take(self) -> float | None:
         """Seconds of forward since the last call (None when no forward ran: nothing to attribute)."""

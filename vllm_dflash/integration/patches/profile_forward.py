@@ -13,25 +13,18 @@ rank only (the other TP ranks run the same forward in lockstep)."""
 from __future__ import annotations
 
 import functools
-import time
 
+from vllm_dflash.integration.forward_timer import time_forward_calls
 from vllm_dflash.integration.patches.base import Patch
 
 
 def time_forward(model, sink) -> None:
     """Wrap `model.forward` (this instance only) to observe its wall time into `sink`'s target_forward_seconds."""
-    inner = model.forward
+    def observe(seconds: float) -> None:
+        sink.observe("target_forward_seconds", seconds)
+        sink.flush()  # marks the values changed; the sink's own thread writes them (no I/O here)
 
-    @functools.wraps(inner)
-    def forward(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            sink.observe("target_forward_seconds", time.perf_counter() - t0)
-            sink.flush()  # marks the values changed; the sink's own thread writes them (no I/O here)
-
-    model.forward = forward
+    time_forward_calls(model, observe)
 
 
 def apply() -> None:
