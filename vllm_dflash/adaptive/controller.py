@@ -22,7 +22,7 @@ Host-side by design (numpy on token lists). Under overlap scheduling the schedul
 Tensor parallelism: every TP rank runs its own controller on the same tokens, but the step-cost model and the guard
 read the rank's own wall clock, so two ranks can plan differently; the draft forward holds collectives, so the ranks
 must agree on whether it runs. The drafter therefore sends TP rank 0's plan to every rank after `plan` and before the
-forward (`StepPlan.encode` / `StepPlan.adopt`; integration/proposer.py `sync_plan_across_tp`)."""
+forward (`StepPlan.encode` / `StepPlan.adopt`; integration/tp_plan.py `sync_plan_across_tp`)."""
 from __future__ import annotations
 
 import time

@@ -146,14 +146,14 @@ CONTRACTS: tuple[Contract, ...] = (
         attrs=("num_kv_heads", "total_num_kv_heads"), test="tests/vllm/test_tp.py"),
     # ---------------------------------------------------------------- tensor parallelism
     Contract(
-        "vllm.distributed.parallel_state", "module", "integration/proposer.py",
+        "vllm.distributed.parallel_state", "module", "integration/tp_plan.py, serve/metrics.py",
         "`model_parallel_is_initialized()`, `get_tp_group()`, `get_pp_group()`: TP rank 0 broadcasts the adaptive "
         "plan over `group.cpu_group` from `group.ranks[0]`; only the output rank publishes our metrics",
         "the groups exist in every worker once model parallelism is initialised; TP rank 0 of the last PP stage is "
         "vLLM's output rank", attrs=("model_parallel_is_initialized", "get_tp_group", "get_pp_group"),
         test="tests/vllm/test_tp.py"),
     Contract(
-        "vllm.distributed.parallel_state:GroupCoordinator", "class", "integration/proposer.py",
+        "vllm.distributed.parallel_state:GroupCoordinator", "class", "integration/tp_plan.py, serve/metrics.py",
         "the TP / PP group of the worker", "`world_size`, `rank_in_group`, `ranks` (global ranks), `cpu_group` "
         "(gloo), `is_last_rank`",
         attrs=("world_size", "rank_in_group", "ranks", "cpu_group", "is_last_rank"), test="tests/vllm/test_tp.py"),

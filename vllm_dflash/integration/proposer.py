@@ -24,7 +24,7 @@ Tensor parallelism (docs/TP.md, dev/TP_DESIGN.md): every TP rank runs this draft
 layers are vLLM's parallel layers in the target's TP group (per-rank KV heads, all-reduced / all-gathered outputs),
 so the fixed-block path is rank-consistent by construction. Adaptive drafting plans on each rank with the rank's own
 clock, and the draft forward holds collectives, so TP rank 0's plan is broadcast and adopted by every rank before
-the forward is decided (`sync_plan_across_tp`; nothing at TP = 1). Only TP rank 0 (vLLM's output rank) publishes
+the forward is decided (integration/tp_plan.py `sync_plan_across_tp`; nothing at TP = 1). Only TP rank 0 (vLLM's output rank) publishes
 our metrics: merged snapshots are summed.
 """
 from __future__ import annotations
@@ -44,6 +44,7 @@ from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
 from vllm_dflash.integration.deferred_context import kept_rows
+from vllm_dflash.integration.tp_plan import sync_plan_across_tp, tp_group
 from vllm_dflash.serve.metrics import MetricsSink, is_output_rank
 
 logger = init_logger(__name__)
@@ -81,37 +82,6 @@ class _StepTimer:
         self._pending = keep
 
 
-def _tp_group():
-    """vLLM's tensor-parallel group of this worker when TP > 1; None at TP = 1 (and without vLLM's distributed
-    state, e.g. a drafter built by a test)."""
-    try:
-        from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
-
-        if not model_parallel_is_initialized():
-            return None
-        group = get_tp_group()
-    except Exception:  # noqa: BLE001 - no distributed state: a single rank
-        return None
-    return group if group.world_size > 1 else None
-
-
-def sync_plan_across_tp(plan, group):
-    """Every TP rank adopts TP rank 0's adaptive plan (sources, lengths, whether the draft forward runs), so the
-    forward, with its all-reduces / all-gathers, runs on every rank or on none, whatever made the plans differ (each
-    rank's own wall clock today). One [2 * B + 1] int64 broadcast over the TP CPU group (gloo; no device sync).
-    group None (TP = 1): the plan as it is, no communication.
-
-    Invariant: every rank of the group reaches this call at the same drafting step (the batch, K and the query
-    tokens are identical on all ranks, so the drafter's early returns are too). -> the plan (adopted in place)."""
-    if group is None:
-        return plan
-    code = torch.from_numpy(plan.encode())
-    torch.distributed.broadcast(code, src=group.ranks[0], group=group.cpu_group)
-    if group.rank_in_group != 0:
-        plan.adopt(code.numpy())
-    return plan
-
-
 class DFlashDrafter(DFlashProposer):
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner)
@@ -123,7 +93,7 @@ class DFlashDrafter(DFlashProposer):
 
         self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
         check_tensor_parallel(self.dflash, self.tp_size, getattr(spec, "draft_tensor_parallel_size", None))
-        self._tp = _tp_group()  # None at TP = 1: no plan broadcast
+        self._tp = tp_group()  # None at TP = 1: no plan broadcast
         # per-deployment settings: resolved by the front end into vllm_config.additional_config["dflash"]
         self.settings = settings.from_vllm_config(vllm_config)
         self.diffusion_steps = self.settings.diffusion_steps or self.dflash.diffusion_steps
