@@ -222,10 +222,10 @@ class AdaptiveController:
                 by_source[s] = by_source.get(s, 0) + 1
         self.trace.record(
             B=len(plan.req_ids), q=query_tokens, out=produced, dt=dt, fwd=forward_s, blk=block_s, plan_s=plan_s,
-            decode=decode_only,
-            extra=extra_tokens, bucket=self._bucket, arm=g.arm, best=g.best, plan_rate=g.rate["plan"],
-            off_rate=g.rate["off"], forecast=g.forecast, matched=int(sum(len(t) > 0 for t in plan.lookups)),
-            drafted=int(sum(plan.ks)), sources=by_source, block=plan.needs_block,
+            decode=decode_only, extra=extra_tokens, bucket=self._bucket, arm=g.arm, best=g.best,
+            plan_rate=g.rate["plan"], off_rate=g.rate["off"], forecast=g.forecast,
+            matched=int(sum(len(t) > 0 for t in plan.lookups)), drafted=int(sum(plan.ks)), sources=by_source,
+            block=plan.needs_block,
             cost=[self.cost.alpha, self.cost.beta, self.cost.delta, self.cost.gamma])
 
     def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],

@@ -4,8 +4,8 @@
 Switched on by the process setting `trace` (DFLASH_TRACE=<folder>): each engine process that runs an adaptive
 controller appends to `<folder>/trace-<pid>.jsonl`. Records are buffered and written every `flush_every` steps and at
 exit (a server stopped by a signal may lose the last few), so the cost on the engine's main thread is a dict, a list
-append and a write every 32 steps. Off (the default) nothing is
-built: `open_trace()` returns None and the controller skips every call."""
+append and a write every 32 steps. Off (the default) nothing is built: `open_trace()` returns None and the
+controller skips every call."""
 from __future__ import annotations
 
 import atexit
@@ -49,6 +49,6 @@ def open_trace() -> StepTrace | None:
 
 
 def read_trace(path) -> list[dict]:
-    """Every record of a trace file (dev/trace_report.py and tests)."""
+    """Every record of a trace file, in order."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
