@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, plan_lengths, predicted_speedup, publish_plan)
+                                         cumulative_acceptance, guard_for, plan_lengths, predicted_speedup,
+                                         publish_plan)
 
 ANY = "any"  # context when prompt lookup is not a source (adaptive "dflash")
 CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's per-source ones
@@ -43,10 +44,7 @@ class LengthPlanner:
         self._steps = 0
 
     def guard(self, bucket: int) -> SpeculationGuard:
-        g = self.guards.get(bucket)
-        if g is None:
-            g = self.guards[bucket] = SpeculationGuard()
-        return g
+        return guard_for(self.guards, bucket)
 
     def observe(self, decision: tuple | None, outcomes: list[tuple[str, int, int]], num_tokens: int,
                 tokens_out: int, decode_only: bool, num_reqs: int = 0) -> None:
