@@ -92,6 +92,25 @@ def test_forward_timer_times_the_wrapped_forward():
     assert timer.take() is None
 
 
+def test_forward_timer_adds_the_logits_time():
+    """The runner's `compute_logits` on the same instance (a row per verified position) counts with the forward."""
+    t = [0.0]
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            t[0] += 0.25
+            return x
+
+        def compute_logits(self, h):
+            t[0] += 0.125
+            return h * 2
+
+    m, timer = Model(), ForwardTimer(clock=lambda: t[0])
+    timer.wrap(m)
+    assert m.compute_logits(m(torch.ones(1))).item() == 2.0
+    assert timer.take() == pytest.approx(0.375)
+
+
 def test_controller_fits_the_split_cost_from_forward_times():
     """`plan(forward_s=...)` feeds the split fit: steps of 30 ms with a 20 ms forward at n = 8, 16, 24 requests."""
     t = [0.0]

@@ -363,10 +363,19 @@ CONTRACTS: tuple[Contract, ...] = (
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", "method",
         "integration/forward_timer.py, integration/proposer.py",
         "adaptive drafting on CPU with synchronous scheduling: the drafter's `load_model(target_model)` wraps that "
-        "instance's `forward` with a host timer (`ForwardTimer`) whose time per step feeds the step-cost fit",
+        "instance's `forward` and `compute_logits` with a host timer (`ForwardTimer`) whose time per step feeds the "
+        "step-cost fit",
         "it passes the loaded target (`self.model`, which the runner calls once per engine step) to "
         "`self.drafter.load_model`; on CPU that call has finished the forward when it returns, eager or compiled",
         params=("load_dummy_weights",), source=("self.drafter.load_model(self.model)",),
+        test=f"{_ADAPTIVE_TEST}, tests/unit/test_adaptive_step_cost.py"),
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", "method",
+        "integration/forward_timer.py",
+        "adaptive drafting on CPU (synchronous): the target's logits time joins its forward time in the step-cost fit",
+        "each step calls `self.model.compute_logits` on the instance the drafter was given, on the hidden states at "
+        "`logits_indices` (every verified position of a speculating request), so its time grows with query tokens",
+        source=("self.model.compute_logits(sample_hidden_states)",),
         test=f"{_ADAPTIVE_TEST}, tests/unit/test_adaptive_step_cost.py"),
     Contract(
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner._sample", "method", "integration/patches/cpu_plain_sample.py",
