@@ -78,16 +78,3 @@ def test_kept_rows_selects_the_rows_of_kept_requests():
     assert kept_rows(qsl, [False, True, False]) == [3]
     assert kept_rows(qsl, [False, False, False]) == []
 
-
-def test_the_block_pays_for_the_context_rows_it_must_inject_first():
-    """A request with no lookup match (only the DFlash block can draft for it): with nothing held the block is worth
-    its forward; with 200 held rows at a measured 1 ms a row (0.2 s to inject before the forward) it is not, and the
-    step drafts nothing."""
-    rng = np.random.default_rng(1)
-    hist = rng.integers(1000, 100000, size=200)  # fresh tokens: never a lookup match
-    for held, uses_block in ((0, True), (200, False)):
-        c = AdaptiveController(4, mode="both")
-        c.observe_injection(100, 0.1)
-        plan = c.plan(["free"], [hist], query_tokens=1, decode_only=True, held_rows=held)
-        assert plan.needs_block is uses_block, held
-        assert (plan.ks == [0]) is not uses_block

@@ -158,14 +158,13 @@ class AdaptiveController:
 
     # ------------------------------------------------------------------ synchronous scheduling
     def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,
-             extra_tokens: int = 0, forward_s: float | None = None, held_rows: int = 0) -> StepPlan:
+             extra_tokens: int = 0, forward_s: float | None = None) -> StepPlan:
         """Sources and lengths of this step, before the draft forward.
 
         histories[r]: committed tokens of request r (prompt + output, newest last); query_tokens: tokens the target
         was fed in the step just verified; decode_only: that step had no prefill chunk (its time is a clean cost
         sample); extra_tokens: prefill tokens likely to share the next step; forward_s: that step's target forward
-        time (with `split_cost`; None: unknown, the step is then not a cost sample); held_rows: context rows a draft
-        forward in this step would inject first (held since the last one, and this step's)."""
+        time (with `split_cost`; None: unknown, the step is then not a cost sample)."""
         now = self.clock()
         accepted = self._score_previous(req_ids, histories)
         produced = len(req_ids) + accepted  # tokens of the step just verified: one per request plus accepted drafts
@@ -198,7 +197,7 @@ class AdaptiveController:
                             drop_context=self.guard.best == "off")
         else:
             lookups = [self._lookup(h) for h in histories]
-            sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens, held_rows)
+            sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
             self.guard.predict(forecast)
             if self.guard.arm == "off":  # 'off' being measured for the first time
                 sources, ks = ["none"] * B, [0] * B
@@ -227,13 +226,11 @@ class AdaptiveController:
             cost=[self.cost.alpha, self.cost.beta, self.cost.delta, self.cost.gamma])
 
     def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],
-                   extra_tokens: int, held_rows: int = 0) -> tuple[list[str], list[int], float]:
+                   extra_tokens: int) -> tuple[list[str], list[int], float]:
         """Sources and lengths of the step, and their forecast speed-up over no speculation. The draft forward is a
         cost of the whole step, paid once if any request verifies a DFlash token: the best plan with the block is
-        weighed against the best plan from prompt lookup alone, each with its full cost. That cost is the forward
-        and the injection of the `held_rows` context rows it must write first (at the measured seconds a row): rows
-        held over a long stretch without a block, many of them of requests that left or released their context, are
-        only injected if a block runs. -> (sources, lengths, forecast)."""
+        weighed against the best plan from prompt lookup alone, each with its full cost.
+        -> (sources, lengths, forecast)."""
         B = len(req_ids)
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
         table = self._gain_table(req_ids, m)
@@ -243,7 +240,7 @@ class AdaptiveController:
             sources, gains = self._choose(table, m, block, fresh)
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
             uses = any(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))
-            fixed = self.block_cost(B) + (self._row_s or 0.0) * held_rows if uses else 0.0
+            fixed = self.block_cost(B) if uses else 0.0
             plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
             if not uses:
                 break  # the plan with the block did not use it: it is the prompt-lookup plan already

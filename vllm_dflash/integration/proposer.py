@@ -443,9 +443,8 @@ class DFlashDrafter(DFlashProposer):
                                                                             num_rejected)
         batch, B, qsl = self._runner.input_batch, cad.num_reqs, cad.query_start_loc_cpu
         fwd = self._forward_timer.take() if self._forward_timer is not None else None
-        held = self._deferred.rows + self._dflash_num_context if self._deferred is not None else 0
         plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
-                                    extra_tokens=prefill_tokens, forward_s=fwd, held_rows=held)
+                                    extra_tokens=prefill_tokens, forward_s=fwd)
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
         if plan.drop_context and self._deferred is not None:
             # no speculation won at this batch size: holding this step's rows (copy, fc, K/V write) would be the only
