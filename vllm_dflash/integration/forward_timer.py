@@ -48,7 +48,7 @@ class ForwardTimer:
         self._calls += 1
 
     def take(self) -> float | None:
-        """Seconds of forward since the last call (None when no forward ran: nothing to attribute)."""
+        """Seconds of forward and logits since the last call (None when neither ran: nothing to attribute)."""
         s, n = self._seconds, self._calls
         self._seconds, self._calls = 0.0, 0
         return s if n else None

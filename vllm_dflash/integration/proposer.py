@@ -24,8 +24,8 @@ Tensor parallelism (docs/TP.md, dev/TP_DESIGN.md): every TP rank runs this draft
 layers are vLLM's parallel layers in the target's TP group (per-rank KV heads, all-reduced / all-gathered outputs),
 so the fixed-block path is rank-consistent by construction. Adaptive drafting plans on each rank with the rank's own
 clock, and the draft forward holds collectives, so TP rank 0's plan is broadcast and adopted by every rank before
-the forward is decided (integration/tp_plan.py `sync_plan_across_tp`; nothing at TP = 1). Only TP rank 0 (vLLM's output rank) publishes
-our metrics: merged snapshots are summed.
+the forward is decided (integration/tp_plan.py `sync_plan_across_tp`; nothing at TP = 1). Only TP rank 0 (vLLM's
+output rank) publishes our metrics: merged snapshots are summed.
 """
 from __future__ import annotations
 
