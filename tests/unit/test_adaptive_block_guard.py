@@ -9,16 +9,18 @@ import numpy as np
 
 from vllm_dflash.adaptive.controller import AdaptiveController
 from vllm_dflash.adaptive.policy import StepCostModel
+from vllm_dflash.serve.metrics import MetricsSink
 
 
-def _simulate(accept: float, hidden_s: float, steps: int = 400, seed: int = 0) -> tuple[AdaptiveController, list]:
+def _simulate(accept: float, hidden_s: float, steps: int = 400, seed: int = 0,
+              metrics=None) -> tuple[AdaptiveController, list]:
     """Steps of 4 copying and 4 fresh requests. A fresh request's block is right on each draft with probability
     `accept` (given the ones before it); a step costs 30 ms + 0.3 ms a query token, plus `hidden_s` when the draft
     forward runs (its injection: the step's time, not the forward's 2 ms the controller is told of).
     -> (controller, whether the draft forward ran, per step)."""
     rng = np.random.default_rng(seed)
     t = [0.0]
-    c = AdaptiveController(4, mode="both", clock=lambda: t[0])
+    c = AdaptiveController(4, mode="both", clock=lambda: t[0], metrics=metrics)
     c.cost = StepCostModel(alpha=0.03, beta=0.0003, per_output=True)  # the visible cost, known from the start
     cycle = np.arange(10)
     hists = {f"copy{i}": np.tile(cycle, 4) for i in range(4)}
@@ -61,11 +63,14 @@ def _simulate(accept: float, hidden_s: float, steps: int = 400, seed: int = 0) -
 def test_a_block_that_costs_more_than_it_yields_ends_up_off():
     """Accepted at 0.7 (the forecast plans the block) with 30 ms a step it does not see: the block guard measures
     the lookup plan faster, and the second half of the run drafts the block on few steps."""
-    c, ran = _simulate(accept=0.7, hidden_s=0.03)
+    sink = MetricsSink()  # the real registry: an unregistered name fails here
+    c, ran = _simulate(accept=0.7, hidden_s=0.03, metrics=sink)
     assert np.mean(ran[:50]) > 0.15, np.mean(ran[:50])  # the forecast alone would run it
     g = c.block_guards[3]  # batch 8
     assert g.rate["off"] is not None and g.rate["off"] > g.rate["plan"]
     assert np.mean(ran[200:]) < 0.1, np.mean(ran[200:])
+    assert sink.counters["block_guard_off_steps"] >= 150
+    assert sink.gauges["block_guard_off_tokens_per_s"] > sink.gauges["block_guard_plan_tokens_per_s"] > 0
 
 
 def test_a_block_that_pays_keeps_running():

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Guards of different batch-size buckets (`guard_for`): a bucket whose 'off' was never measured is vouched for by a
-larger bucket that measured the plan faster than no speculation, and then never spends a window without
-speculation; a larger bucket where 'off' won, or one that has not measured both arms, vouches for nothing."""
+larger bucket that measured the plan faster than no speculation or forecasts a clear win, and then never spends a
+window without speculation; a larger bucket where 'off' won, or one with neither, vouches for nothing."""
 from __future__ import annotations
 
 from vllm_dflash.adaptive.lengths import LengthPlanner
@@ -32,9 +32,21 @@ def test_a_larger_bucket_where_the_plan_won_vouches_for_smaller_ones():
     assert not guard_for(guards, 5).vouched  # nothing larger vouches for the largest bucket
 
 
+def test_a_larger_bucket_forecasting_a_clear_win_vouches():
+    """'off' unmeasured at batch 8 because its forecast is a clear win: batch 4-7 (a draining round, marginal
+    forecast) does not measure 'off' either; a marginal forecast at batch 8 vouches for nothing."""
+    big = SpeculationGuard()
+    big.predict(1.8)
+    g = guard_for({3: big}, 2)
+    assert g.vouched and "off" not in _arms(g, forecast=1.1)
+    marginal = SpeculationGuard()
+    marginal.predict(1.1)
+    assert not guard_for({3: marginal}, 2).vouched
+
+
 def test_no_vouch_where_off_won_or_was_not_measured():
     assert not guard_for({5: _measured(plan=90.0, off=100.0)}, 4).vouched
-    assert not guard_for({5: SpeculationGuard()}, 4).vouched  # neither arm measured yet
+    assert not guard_for({5: SpeculationGuard()}, 4).vouched  # neither arm measured, no forecast yet
     assert not guard_for({3: _measured(plan=110.0, off=100.0)}, 4).vouched  # a smaller bucket says nothing
     g = guard_for({5: _measured(plan=90.0, off=100.0)}, 4)
     assert "off" in _arms(g, forecast=1.05)  # unvouched with a marginal forecast: measured as before
@@ -48,7 +60,7 @@ def test_a_vouch_is_dropped_when_the_larger_bucket_flips():
 
 
 def test_a_measured_loss_beats_a_vouch():
-    """A vouched guard that has measured 'off' faster itself keeps 'off' (`sure` only skips an unmeasured 'off')."""
+    """A vouched guard that has measured 'off' faster itself keeps 'off' (`sure` never overrides a measured loss)."""
     guards = {5: _measured(plan=110.0, off=100.0), 3: _measured(plan=80.0, off=100.0)}
     g = guard_for(guards, 3)
     assert g.vouched and not g.sure and g.best == "off"
@@ -58,3 +70,13 @@ def test_the_overlap_planner_uses_the_same_rule():
     p = LengthPlanner(4)
     p.guards[5] = _measured(plan=110.0, off=100.0)
     assert p.guard(3).vouched and not p.guard(5).vouched
+
+
+def test_a_measured_win_with_a_clear_forecast_is_not_re_measured():
+    """'off' measured once (the forecast was marginal then) and the plan won: while the forecast is a clear win the
+    guard never spends another window without speculation; when the forecast turns marginal it re-measures again."""
+    g = SpeculationGuard(window=4, explore_every=2)
+    arms = _arms(g, forecast=1.1, steps=40)
+    assert "off" in arms and g.best == "plan"
+    assert "off" not in _arms(g, forecast=2.0, steps=200)
+    assert "off" in _arms(g, forecast=1.0, steps=200)

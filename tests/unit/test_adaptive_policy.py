@@ -430,6 +430,7 @@ def test_guard_skips_measuring_off_while_the_forecast_is_a_clear_win():
         unsure.record(10.0 if unsure.arm == "plan" else 12.0, 1.0)
     assert "off" in arms and unsure.best == "off"
     unsure.predict(5.0)  # a rosy forecast after 'off' was measured faster does not bring the plan back
+    assert not unsure.sure
     for _ in range(8):
         unsure.predict(5.0)
         unsure.record(12.0 if unsure.arm == "off" else 10.0, 1.0)
