@@ -127,15 +127,6 @@ class AdaptiveController:
         self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
-        # the block's own guard per bucket (modes that weigh a plan with the block against prompt lookup alone):
-        # its 'plan' arm may use the block, its 'off' arm plans from prompt lookup alone (`_best_plan`)
-        self.block_guards: dict[int, SpeculationGuard] = {}
-        self._decided_spec = False  # the previous step was planned with speculation on (its block guard judges it)
-        # the block plan's forecast edge over the lookup plan that the block guard takes as a clear win (not measured):
-        # served at concurrency 1 on HumanEval (2-core Xeon) the edge read 1.15-2.05, and windows of 12 steps there
-        # measure the text more than the block (one request's copy spans come and go), so measuring below 1.3 ran
-        # 20 % of the first rounds' steps without the block
-        self.block_sure_edge = 1.1
         self._bucket = 0  # batch-size bucket of the current step
         self._decided_bucket = -1  # bucket whose guard chose the arm of the previous step
         self.metrics = metrics
@@ -194,10 +185,6 @@ class AdaptiveController:
         ran = self.guards.get(self._decided_bucket)  # the guard whose arm ran the step just verified
         if dt is not None and ran is not None:  # it produced one token per request plus the accepted drafts
             ran.record(produced, dt + block_s)  # the guard judges the whole step
-            ran_block = self.block_guards.get(self._decided_bucket)
-            if ran_block is not None and self._decided_spec:
-                ran_block.record(produced, dt + block_s)
-        self._decided_spec = False
         self._bucket = self._decided_bucket = batch_bucket(len(req_ids))
         self._prune(req_ids)
 
@@ -214,8 +201,6 @@ class AdaptiveController:
             self.guard.predict(forecast)
             if self.guard.arm == "off":  # 'off' being measured for the first time
                 sources, ks = ["none"] * B, [0] * B
-            else:
-                self._decided_spec = True
             plan = StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
         if self.trace is not None:
             self._trace_step(plan, query_tokens, produced, dt, block_s, forward_s, decode_only, extra_tokens,
@@ -237,29 +222,14 @@ class AdaptiveController:
             decode=decode_only, extra=extra_tokens, bucket=self._bucket, arm=g.arm, best=g.best,
             plan_rate=g.rate["plan"], off_rate=g.rate["off"], forecast=g.forecast,
             matched=int(sum(len(t) > 0 for t in plan.lookups)), drafted=int(sum(plan.ks)), sources=by_source,
-            block=plan.needs_block, **self._block_guard_trace(),
+            block=plan.needs_block,
             cost=[self.cost.alpha, self.cost.beta, self.cost.delta, self.cost.gamma])
-
-    def _block_guard_trace(self) -> dict:
-        """The current bucket's block guard for a trace record (empty where the mode has none)."""
-        bg = self.block_guards.get(self._bucket)
-        if bg is None:
-            return {}
-        return dict(block_arm=bg.arm, block_forecast=bg.forecast, block_plan_rate=bg.rate["plan"],
-                    block_off_rate=bg.rate["off"])
 
     def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],
                    extra_tokens: int) -> tuple[list[str], list[int], float]:
         """Sources and lengths of the step, and their forecast speed-up over no speculation. The draft forward is a
         cost of the whole step, paid once if any request verifies a DFlash token: the best plan with the block is
         weighed against the best plan from prompt lookup alone, each with its full cost.
-
-        Where both exist (modes 'both' and 'merged') the bucket's block guard has the last word: the forecast's edge
-        of the block plan over the lookup plan steers it as the speed-up steers the speculation guard, and while its
-        'off' arm runs (being measured, or measured faster) the lookup plan is taken. It sees what the forecast does
-        not: the injection of context rows that only the block reads, and acceptance the global rates overstate (on
-        chat prompts at concurrency 8 on a 2-core Xeon the block ran on 11 % of request-steps, accepted at about 0.2
-        tokens, and its forward and injection took 0.92 s of a 14.1 s run, about the whole gap to prompt lookup).
         -> (sources, lengths, forecast)."""
         B = len(req_ids)
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
@@ -274,16 +244,6 @@ class AdaptiveController:
             plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
             if not uses:
                 break  # the plan with the block did not use it: it is the prompt-lookup plan already
-        if self.mode in ("both", "merged"):
-            bg = guard_for(self.block_guards, self._bucket, sure_speedup=self.block_sure_edge)
-            bg.predict(plans[0][0] / max(plans[-1][0], 1e-9))  # the block plan's edge (1.0 where it is not used)
-            if self.metrics is not None:
-                for arm in bg.ARMS:
-                    if bg.rate[arm] is not None:
-                        self.metrics.set(f"block_guard_{arm}_tokens_per_s", bg.rate[arm])
-            if bg.arm == "off":
-                self._count("block_guard_off_steps")
-                return plans[-1][1], plans[-1][2], plans[-1][0]
         forecast, sources, ks = max(plans, key=lambda x: x[0])
         return sources, ks, forecast
 

@@ -59,10 +59,6 @@ GAUGES = {
     "cost_per_output_token_ms": "Adaptive drafting: fitted cost per token a step produced (gamma), ms.",
     "guard_plan_tokens_per_s": "Adaptive drafting: measured output tokens/s while speculating per the plan.",
     "guard_off_tokens_per_s": "Adaptive drafting: measured output tokens/s without speculation (the guard's other arm).",
-    "block_guard_plan_tokens_per_s": "Adaptive drafting: measured output tokens/s of speculating steps whose plan may "
-                                     "use the DFlash block (the block guard).",
-    "block_guard_off_tokens_per_s": "Adaptive drafting: measured output tokens/s of speculating steps planned from "
-                                    "prompt lookup alone (the block guard's other arm).",
 }
 COUNTERS = {
     "draft_steps": "Drafter invocations (one per engine step with drafting).",
@@ -81,8 +77,6 @@ COUNTERS = {
     "accepted_tokens_merged": "Adaptive drafting: accepted merged-proposal draft tokens.",
     "context_dropped_steps": "Adaptive drafting: steps whose context rows were dropped because no speculation was "
                              "measured faster at that batch size (their requests draft by prompt lookup only).",
-    "block_guard_off_steps": "Adaptive drafting: speculating steps the block guard planned from prompt lookup alone "
-                             "(no DFlash block), measured or being measured faster than plans with it.",
     "context_released": "Adaptive drafting: requests that released their draft context after a lease of decode steps "
                         "without a DFlash token, where keeping the context rows cost a measurable share of a step "
                         "(they draft by prompt lookup only from then on).",
