@@ -371,9 +371,9 @@ class SpeculationGuard:
         """Is the plan a clear win (its forecast, or a larger batch's measurement: `vouched`), so that measuring 'off'
         (or re-measuring it, after the plan was measured faster) would only cost steps? Never after 'off' was measured
         faster: a measured loss is re-checked on the guard's schedule whatever the forecast says."""
-        if self.rate["off"] is not None and self.best == "off":
+        if self.best == "off":  # 'off' measured faster
             return False
-        return self.vouched or (self.forecast is not None and self.forecast >= self.sure_speedup)
+        return self.vouched or self._forecast_clear
 
     @property
     def wins(self) -> bool:
@@ -382,6 +382,11 @@ class SpeculationGuard:
         p, o = self.rate["plan"], self.rate["off"]
         if o is not None:
             return p is not None and p > o
+        return self._forecast_clear
+
+    @property
+    def _forecast_clear(self) -> bool:
+        """The plan's own forecast is a clear win (at least `sure_speedup`)."""
         return self.forecast is not None and self.forecast >= self.sure_speedup
 
     @property
