@@ -140,6 +140,17 @@ def _cpu_gemv(raw: Any) -> int | str:
     raise ValueError
 
 
+def _onednn_cache(raw: Any) -> int:
+    """off / 0 -> 0 (vLLM's own cache); an integer 32..8192 -> that many row counts."""
+    if isinstance(raw, str) and raw.strip().lower() in _FALSE:
+        return 0
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and (raw == 0 or 32 <= raw <= 8192):
+        return raw
+    raise ValueError
+
+
 def _dtype(raw: Any) -> str | None:
     return None if _text_or_none(raw) is None else _choice(*_DTYPES)(raw)
 
@@ -258,6 +269,14 @@ class ProcessSettings:
             "the whole model it measured slower than vLLM's own GEMM (benchmarks/results/gemv_vllm.md), so it "
             "stays off by default.",
         fix="use off, auto or a number of rows from 1 to 16")
+    onednn_cache: int = _setting(
+        512, type="int", allowed="off (0) or 32..8192 (row counts)", shown_default="512", parse=_onednn_cache,
+        spec_key=False,
+        doc="Row counts (M) for which vLLM's CPU oneDNN GEMM keeps a built primitive per weight shape (vLLM: 32). "
+            "When a model loads, those of every decode step the engine can schedule (1 .. max_num_seqs x (1 + "
+            "num_speculative_tokens), at most half of this) are built up front, so a speculative step never builds "
+            "one mid-step. Applies to every configuration, no speculation included; `off` keeps vLLM's behaviour.",
+        fix="use off or a number from 32 to 8192")
     dtype: str | None = _setting(
         None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
         "float32", parse=_dtype, spec_key=False,

@@ -253,7 +253,8 @@ CONTRACTS: tuple[Contract, ...] = (
         "drafting under overlap when the user set no class",
         "`get_scheduler_cls()` resolves a dotted path in the engine core; `VllmConfig.__post_init__` runs the platform "
         "hook before it",
-        methods=(Sig("get_scheduler_cls", ()),), attrs=("async_scheduling", "scheduler_cls"), test=_ADAPTIVE_TEST),
+        methods=(Sig("get_scheduler_cls", ()),),
+        attrs=("async_scheduling", "scheduler_cls", "max_num_seqs", "max_num_batched_tokens"), test=_ADAPTIVE_TEST),
     Contract(
         "vllm.platforms.cpu:CpuPlatform.check_and_update_config", "method", "integration/patches/async_scheduling.py, "
         "integration/patches/cpu_uniproc.py",
@@ -478,13 +479,25 @@ CONTRACTS: tuple[Contract, ...] = (
         source=("from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm",),
         test="tests/vllm/test_vllm_cpu_gemv.py"),
     Contract(
-        "vllm._custom_ops:create_onednn_mm", "function", "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp",
-        "called: the oneDNN handler `linear_bf16` uses for calls with more rows than the threshold",
-        "returns a handler whose `handler_tensor` (int64) is what `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? "
-        "bias, Tensor handler_tensor)` takes; the C++ op calls that schema through the dispatcher (c [M, N] "
-        "preallocated, a [M, K])", params=("weight", "primitive_cache_size"),
-        source=("handler.handler_tensor", "torch.ops._C.create_onednn_mm_handler"),
-        test="tests/vllm/test_vllm_cpu_gemv.py"),
+        "vllm._custom_ops:create_onednn_mm", "function", "integration/patches/cpu_onednn_cache.py, "
+        "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp",
+        "wrapped (setting onednn_cache): a larger row-count cache, and the decode-sized row counts built when the "
+        "first layer of each weight shape loads; called by cpu_gemv for the oneDNN handler `linear_bf16` uses for "
+        "calls with more rows than its threshold",
+        "`primitive_cache_size` sizes the LRU of built primitives keyed by row count that all handlers of one "
+        "weight shape share (the first handler of the shape sets it; csrc/cpu/dnnl_helper.cpp); the handler's "
+        "`handler_tensor` (int64) is what `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? bias, Tensor "
+        "handler_tensor)` takes; the C++ op calls that schema through the dispatcher (c [M, N] preallocated, "
+        "a [M, K]); `weight` is [K, N] (vLLM passes `layer.weight.t()`)", params=("weight", "primitive_cache_size"),
+        exact=True, source=("handler.handler_tensor", "torch.ops._C.create_onednn_mm_handler"),
+        patch="cpu_onednn_cache", test="tests/vllm/test_vllm_onednn_cache.py, tests/vllm/test_vllm_cpu_gemv.py"),
+    Contract(
+        "vllm.config:get_current_vllm_config_or_none", "function", "integration/patches/cpu_onednn_cache.py",
+        "called while a layer's weights are processed: how many row counts to build up front",
+        "returns the VllmConfig of the engine being loaded (set around worker construction and model loading), "
+        "else None; we read `scheduler_config.max_num_seqs`, `scheduler_config.max_num_batched_tokens` and "
+        "`speculative_config.num_speculative_tokens`", params=(),
+        test="tests/vllm/test_vllm_onednn_cache.py"),
     Contract(
         "vllm._custom_ops:onednn_mm", "function", "csrc/gemv_cpu.cpp (linear_bf16)",
         "mirrored in C++: the same `_C::onednn_mm` call for calls with more rows than the threshold",
