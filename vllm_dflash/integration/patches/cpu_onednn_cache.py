@@ -6,7 +6,7 @@ handler keeps one oneDNN primitive per row count M in an LRU shared by all layer
 (csrc/cpu/dnnl_helper.cpp), and vLLM creates it with room for 32 row counts. A speculative step has
 M = sum over requests of (1 + its draft length), so at batch 8-32 the row counts in play exceed 32 and the LRU
 thrashes, and every new row count builds its primitives on the critical path (measured on a 2-core Xeon with
-avx512_bf16, the target's 120 GEMMs: 3-6 ms more for the first step at M = 9-57, 28 ms at M = 257, 45 ms at
+avx512_bf16, the target's 120 GEMMs: 3-5 ms more for the first step at M = 9-57, 28 ms at M = 257, 45 ms at
 M = 1,653; a thrashing LRU adds about 10 us per GEMM call). Served traces of adaptive drafting at concurrency 8 saw
 57-104 distinct M in 96-256 steps.
 
