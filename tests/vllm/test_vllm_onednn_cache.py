@@ -64,7 +64,8 @@ def test_handlers_get_the_cache_and_each_shape_is_built_once(patched, monkeypatc
     monkeypatch.setenv("DFLASH_ONEDNN_CACHE", "256")
     monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: engine_config(4, 3))
     built = []
-    monkeypatch.setattr(patch_mod, "_warm", lambda handler, weight, rows: built.append((tuple(weight.shape), rows)))
+    monkeypatch.setattr(patch_mod, "_warm",
+                        lambda handler, weight, rows: built.append((tuple(weight.shape), rows)) or rows)
     g = torch.Generator().manual_seed(0)
     w1 = torch.randn(40, 24, generator=g).t()  # [K=24, N=40] as vLLM passes it
     w2 = torch.randn(40, 24, generator=g).t()  # a second layer of the same shape
@@ -81,7 +82,7 @@ def test_off_keeps_vllms_cache_and_builds_nothing(patched, monkeypatch):
     monkeypatch.setenv("DFLASH_ONEDNN_CACHE", "off")
     monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: engine_config(4, 3))
     built = []
-    monkeypatch.setattr(patch_mod, "_warm", lambda *a: built.append(a))
+    monkeypatch.setattr(patch_mod, "_warm", lambda *a: built.append(a) or 0)
     ops.create_onednn_mm(torch.randn(40, 24).t(), 32)
     assert patched == [32] and built == []
 
@@ -101,3 +102,12 @@ def test_patched_handler_computes_the_product_for_every_row_count(patched, monke
         got = ops.onednn_mm(handler, x, None)
         want = (x.double() @ weight.double().t()).float()
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"M = {m}")
+
+
+def test_warm_stops_at_its_budget():
+    """The build-up-front loop goes smallest row count first and stops once its time budget is spent (a zero budget:
+    after the first row count); with time left it builds every row count asked for."""
+    weight = torch.randn(40, 24).t()  # [K=24, N=40]
+    handler = patch_mod._ORIGINAL(weight, 64) if patch_mod._ORIGINAL is not None else ops.create_onednn_mm(weight, 64)
+    assert patch_mod._warm(handler, weight, 20, budget_s=0.0) == 1
+    assert patch_mod._warm(handler, weight, 20, budget_s=60.0) == 20

@@ -13,8 +13,9 @@ M = 1,653; a thrashing LRU adds about 10 us per GEMM call). Served traces of ada
 With the setting on (the default), every handler created after the plugin loads gets an LRU of `onednn_cache` row
 counts, and the first handler of each weight shape builds the primitives for M = 1 .. the largest decode step the
 engine can schedule (max_num_seqs x (1 + num_speculative_tokens), capped at max_num_batched_tokens and at half the
-cache), so decode steps never build one while serving. Prefill steps (one-off large M) still build theirs. Applies to
-every configuration alike (no speculation included); `DFLASH_ONEDNN_CACHE=0` leaves vLLM's behaviour untouched.
+cache; smallest first, at most WARM_BUDGET_S per shape), so decode steps rarely build one while serving. Prefill
+steps (one-off large M) still build theirs. Applies to every configuration alike (no speculation included);
+`DFLASH_ONEDNN_CACHE=0` leaves vLLM's behaviour untouched.
 """
 from __future__ import annotations
 
@@ -43,16 +44,24 @@ def warm_rows(cache: int) -> int:
     return max(0, min(rows, int(sched.max_num_batched_tokens), cache // 2))
 
 
-def _warm(handler, weight, rows: int) -> None:
-    """Run the handler once per row count 1..rows on zeros (builds and caches each primitive)."""
+WARM_BUDGET_S = 0.5  # per weight shape: a float32 LM head on an AVX2 CPU would take seconds for 256 row counts
+
+
+def _warm(handler, weight, rows: int, budget_s: float = WARM_BUDGET_S) -> int:
+    """Run the handler once per row count 1, 2, .. rows on zeros (each run builds and caches that row count's
+    primitive), smallest first, until `budget_s` has passed. Returns the largest row count built."""
     import torch
 
     from vllm import _custom_ops as ops
 
     k = weight.shape[0]  # weight is [K, N] (vLLM passes the transposed view)
-    x = torch.zeros(rows, k, dtype=weight.dtype)
+    x = torch.zeros(rows, k, dtype=weight.dtype)  # [rows, K]
+    deadline = time.perf_counter() + budget_s
     for m in range(1, rows + 1):
-        ops.onednn_mm(handler, x[:m], None)
+        ops.onednn_mm(handler, x[:m], None)  # [m, N], discarded
+        if time.perf_counter() > deadline:
+            return m
+    return rows
 
 
 def create_onednn_mm(weight, primitive_cache_size: int = 128):
@@ -69,9 +78,9 @@ def create_onednn_mm(weight, primitive_cache_size: int = 128):
         rows = warm_rows(cache)
         if rows > 0:
             t0 = time.perf_counter()
-            _warm(handler, weight, rows)
-            logger.debug("vllm_dflash: oneDNN primitives for M = 1..%d of weight [N=%d, K=%d] %s built in %.2f s",
-                         rows, key[0], key[1], key[2], time.perf_counter() - t0)
+            built = _warm(handler, weight, rows)
+            logger.info("vllm_dflash: oneDNN GEMM primitives for M = 1..%d of weight [N=%d, K=%d] %s built in %.2f s",
+                        built, key[0], key[1], key[2], time.perf_counter() - t0)
     return handler
 
 
