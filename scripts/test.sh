@@ -21,5 +21,6 @@ for a in "$@"; do
 done
 workers=${DFLASH_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc alone obeys OMP_NUM_THREADS
 par=()
-[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadfile)
+# files in collection order (tests/conftest.py puts the longest first), not xdist's default order by tests per file
+[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 exec .venv/bin/python -m pytest -q -m "$marks" --durations=30 ${par[@]+"${par[@]}"} ${args[@]+"${args[@]}"}

@@ -69,7 +69,30 @@ def _no_leaked_metrics_dir():
             os.environ[n] = v
 
 
+# The longest test files, longest first (seconds per file on the AVX2-only EPYC, 2 workers, session 28: the TP tests
+# about 600, the served and engine tests 120-260 each). Under pytest-xdist a file goes to one worker (scripts/test.sh:
+# --dist loadfile --no-loadscope-reorder, so files are handed out in collection order): started first, the long files
+# run beside each other and the short ones fill the gaps. Handed out last (xdist's default orders files by how many
+# tests they hold, which put these few-test files at the end), one of them ran alone on one worker for minutes.
+LONGEST_FIRST = (
+    "vllm/test_tp.py", "vllm/test_vllm_patches.py", "vllm/test_vllm_serve.py", "vllm/test_vllm_drafter.py",
+    "e2e/test_soak.py", "vllm/test_vllm_adaptive.py", "vllm/test_vllm_profile.py", "e2e/test_collect.py",
+    "vllm/test_vllm_deferred_injection.py", "e2e/test_exactness_served.py", "vllm/test_vllm_tau.py",
+    "vllm/test_vllm_prefix_cache.py", "vllm/test_vllm_hinted.py", "vllm/test_vllm_sampling.py", "e2e/test_eval_cli.py",
+)
+
+
+def _run_order(item) -> tuple[int, int]:
+    """The nvcc compile check (marker `build`, ~100 s in one file) first, then LONGEST_FIRST, then the rest."""
+    if item.get_closest_marker("build") is not None:
+        return (0, 0)
+    try:
+        rel = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return (2, 0)
+    return (1, LONGEST_FIRST.index(rel)) if rel in LONGEST_FIRST else (2, 0)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The nvcc compile check (marker `build`, ~100 s in one file) first: under pytest-xdist a file goes to one worker,
-    and run last it kept that worker busy alone for its whole length. Stable: the order is otherwise unchanged."""
-    items.sort(key=lambda item: item.get_closest_marker("build") is None)
+    """Long files first (see LONGEST_FIRST). Stable: the order inside a file and among the rest is unchanged."""
+    items.sort(key=_run_order)
