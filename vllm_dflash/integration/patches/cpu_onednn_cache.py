@@ -74,9 +74,9 @@ def create_onednn_mm(weight, primitive_cache_size: int = 128):
     handler = _ORIGINAL(weight, max(cache, primitive_cache_size))
     key = (int(weight.shape[1]), int(weight.shape[0]), str(weight.dtype))
     if key not in _WARMED:
-        _WARMED.add(key)
         rows = warm_rows(cache)
-        if rows > 0:
+        if rows > 0:  # a shape first met outside an engine (rows 0) is built by the first engine that loads it
+            _WARMED.add(key)
             t0 = time.perf_counter()
             built = _warm(handler, weight, rows)
             logger.info("vllm_dflash: oneDNN GEMM primitives for M = 1..%d of weight [N=%d, K=%d] %s built in %.2f s",
