@@ -47,6 +47,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v24_c32": {"machine": "xeon-bf16"},
     "ab_cache": {"machine": "xeon-bf16"},
     "bench_v25": {"machine": "xeon-bf16"},
+    "bench_v26_avx2": {"machine": "epyc-avx2"},
     "bench_v25_c32": {"machine": "xeon-bf16"},
     "bench_v23_c32": {"machine": "xeon-bf16"},
     "bench_v22_c32": {"machine": "xeon-bf16"},
@@ -87,12 +88,14 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 # Section titles of the serving benchmarks (others: "Serving benchmark <stem>").
 SERVING_TITLES: dict[str, str] = {
+    "bench_v26_avx2": ("The AVX2-only EPYC on vLLM's defaults (compiled float32, both cores bound; session 28), "
+                       "concurrency 1, 8 and 32: none, n-gram, adaptive, merged"),
     "bench_v25_c32": ("The Xeon at concurrency 32 on the code of session 27: none, n-gram, adaptive, merged (96 "
                       "prompts per set in three interleaved rounds)"),
     "bench_v25": ("The Xeon with the oneDNN row-count cache (session 27), concurrency 1, 8 and 32: none, n-gram, "
