@@ -82,15 +82,16 @@ LONGEST_FIRST = (
 )
 
 
+_LONG_RANK = {rel: i for i, rel in enumerate(LONGEST_FIRST)}
+
+
 def _run_order(item) -> tuple[int, int]:
     """The nvcc compile check (marker `build`, ~100 s in one file) first, then LONGEST_FIRST, then the rest."""
     if item.get_closest_marker("build") is not None:
         return (0, 0)
-    try:
-        rel = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
-    except ValueError:
-        return (2, 0)
-    return (1, LONGEST_FIRST.index(rel)) if rel in LONGEST_FIRST else (2, 0)
+    path = item.path.resolve()
+    rel = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
+    return (1, _LONG_RANK[rel]) if rel in _LONG_RANK else (2, 0)
 
 
 def pytest_collection_modifyitems(config, items):
