@@ -140,6 +140,19 @@ def _cpu_gemv(raw: Any) -> int | str:
     raise ValueError
 
 
+def _cpu_gemm_f32(raw: Any) -> int | str:
+    """off / 0 -> 0; auto -> "auto"; all -> "all"; an integer >= 1 -> that many rows."""
+    if isinstance(raw, str) and raw.strip().lower() in ("auto", "all"):
+        return raw.strip().lower()
+    if isinstance(raw, str) and raw.strip().lower() in _FALSE:
+        return 0
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    raise ValueError
+
+
 def _onednn_cache(raw: Any) -> int:
     """off / 0 -> 0 (vLLM's own cache); an integer 32..8192 -> that many row counts."""
     if isinstance(raw, str) and raw.strip().lower() in _FALSE:
@@ -269,6 +282,16 @@ class ProcessSettings:
             "the whole model it measured slower than vLLM's own GEMM (benchmarks/results/gemv_vllm.md), so it "
             "stays off by default.",
         fix="use off, auto or a number of rows from 1 to 16")
+    cpu_gemm_f32: int | str = _setting(
+        "auto", type="int | str", allowed="off (0), auto, all, or a number of rows", shown_default="auto",
+        parse=_cpu_gemm_f32, spec_key=False,
+        doc="float32 linear layers on CPU (target and draft): a call with at most this many rows runs on our AVX2 "
+            "GEMM (csrc/gemm_f32_cpu.cpp), larger ones on vLLM's oneDNN GEMM; `all`: every call. Our kernel sums "
+            "each output in one fixed order, so a row's result does not depend on the batch it is in. `auto`: `all` "
+            "on CPUs with avx2 and fma but no avx512f (measured faster than oneDNN at every row count from 1 to "
+            "2048 on a 2-core AVX2 EPYC: benchmarks/results/gemm_f32.md), off elsewhere (not measured there). "
+            "Costs nothing in memory when vLLM drops its own copy of the weight (every layer but a tied LM head).",
+        fix="use off, auto, all or a number of rows >= 1")
     onednn_cache: int = _setting(
         512, type="int", allowed="off (0) or 32..8192 (row counts)", shown_default="512", parse=_onednn_cache,
         spec_key=False,

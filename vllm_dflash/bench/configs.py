@@ -101,22 +101,32 @@ DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "o
 
 
 MP_SUFFIX = "@mp"  # a variant served with vLLM's worker process: --distributed-executor-backend mp
+ONEDNN_SUFFIX = "@onednn"  # a variant with vLLM's own oneDNN GEMM for every linear layer (our GEMM kernels off)
 
 
 def lookup(name: str) -> BenchConfig:
-    """A copy of the registry entry `name`, or of its `NAME@mp` variant (vLLM's worker-process layout on CPU)."""
+    """A copy of the registry entry `name`, or of its variants: `NAME@mp` (vLLM's worker-process layout on CPU),
+    `NAME@onednn` (vLLM's oneDNN GEMM for every linear layer: DFLASH_CPU_GEMM_F32=off, DFLASH_CPU_GEMV=off), or
+    both (`NAME@onednn@mp`)."""
     import copy
 
-    base = name[:-len(MP_SUFFIX)] if name.endswith(MP_SUFFIX) else name
-    if base not in REGISTRY:
-        raise ValueError(f"bench: unknown configuration {name!r}. Fix: use one of {list(REGISTRY)}, or NAME{MP_SUFFIX} "
-                         "for any of them with vLLM's worker process")
+    base, suffixes = name, []
+    while base.endswith((MP_SUFFIX, ONEDNN_SUFFIX)):
+        suffix = MP_SUFFIX if base.endswith(MP_SUFFIX) else ONEDNN_SUFFIX
+        suffixes.append(suffix)
+        base = base[:-len(suffix)]
+    if base not in REGISTRY or len(set(suffixes)) != len(suffixes):
+        raise ValueError(f"bench: unknown configuration {name!r}. Fix: use one of {list(REGISTRY)}, with "
+                         f"{MP_SUFFIX} for vLLM's worker process and/or {ONEDNN_SUFFIX} for vLLM's oneDNN GEMM")
     cfg = copy.deepcopy(REGISTRY[base])
-    if base != name:
-        cfg.name = name
+    cfg.name = name
+    if MP_SUFFIX in suffixes:
         cfg.description += ("; with vLLM's own CPU process layout (--distributed-executor-backend mp): the model in a "
                             "worker process beside the engine core")
         cfg.server_args = [*cfg.server_args, "--distributed-executor-backend", "mp"]
+    if ONEDNN_SUFFIX in suffixes:
+        cfg.description += "; every linear layer on vLLM's oneDNN GEMM (our CPU GEMM kernels off)"
+        cfg.env.update({"DFLASH_CPU_GEMM_F32": "off", "DFLASH_CPU_GEMV": "off"})
     return cfg
 
 

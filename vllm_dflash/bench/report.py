@@ -190,6 +190,8 @@ def render_markdown(result: dict[str, Any]) -> str:
            f"{eng['max_model_len']} --max-num-seqs {eng['max_num_seqs']}`, VLLM_CPU_KVCACHE_SPACE={eng['kv_cache_gib']} "
            f"GiB, OMP_NUM_THREADS={lay['omp_num_threads']}, VLLM_CPU_OMP_THREADS_BIND={lay['cpu_bind']}, "
            f"DFLASH_CPU_GEMV={eng.get('cpu_gemv', 0) or 'off'}, "
+           + (f"DFLASH_CPU_GEMM_F32={eng['cpu_gemm_f32']} (`@onednn` configurations: off), " if "cpu_gemm_f32" in eng
+              else "")
            + (f"LD_PRELOAD={lay['ld_preload']}" if lay.get("ld_preload") else "no LD_PRELOAD (vLLM warns that CPU "
               "speculative decoding is slower without Intel OpenMP preloaded)"),
            f"- layout: {lay['description']}"]

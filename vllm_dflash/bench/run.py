@@ -38,7 +38,7 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
                      "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
-                                "adaptive", "cpu_gemv") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
+                                "adaptive", "cpu_gemv", "cpu_gemm_f32") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
 # The servers' processes with vllm_dflash installed (TP 1): patches/cpu_uniproc.py keeps vLLM's `uni` executor on CPU
 PROCESSES = ("`vllm serve` with V1 multiprocessing (an API server and an engine core process, which runs the model "
              "itself: vLLM's `uni` executor, kept on CPU by vllm_dflash; a `NAME@mp` configuration adds vLLM's CPU "
@@ -224,6 +224,17 @@ def _version(dist: str) -> str:
         return "?"
 
 
+def _gemm_f32_meta(dtype: str) -> str:
+    """What DFLASH_CPU_GEMM_F32 (unset in the servers: its default) means for this run's float32 linear layers."""
+    from vllm_dflash.integration.patches.cpu_gemv import NO_LIMIT, f32_rows
+    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
+
+    value = settings.PROCESS_FIELDS["cpu_gemm_f32"].default
+    rows = f32_rows(value) if gemm_f32_supported() else 0
+    what = "off" if rows <= 0 else "every call on our AVX2 GEMM" if rows >= NO_LIMIT else f"<= {rows} rows on ours"
+    return f"{value} ({what}{'' if dtype == 'float32' else '; applies to float32 only'})"
+
+
 def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool, k: int | None, levels: list[int],
           prompt_sets: list[str], dtype: str, max_num_seqs: int) -> dict[str, Any]:
     return {"name": a.name, "quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -233,7 +244,8 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "engine": {"dtype": dtype, "enforce_eager": a.enforce_eager, "max_model_len": a.max_model_len,
                        "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib,
                        "cpu_gemv": settings.parse_value("cpu_gemv", a.cpu_gemv) if a.cpu_gemv is not None
-                       else settings.PROCESS_FIELDS["cpu_gemv"].default},
+                       else settings.PROCESS_FIELDS["cpu_gemv"].default,
+                       "cpu_gemm_f32": _gemm_f32_meta(dtype)},
             "layout": {"omp_num_threads": a.threads,
                        "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
                        "ld_preload": os.environ.get("LD_PRELOAD", ""),

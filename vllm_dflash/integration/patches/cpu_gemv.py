@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Patch: bf16 CPU linear layers with few rows on our skinny-GEMM kernel (setting cpu_gemv; off by default).
+"""Patch: CPU linear layers on our GEMM kernels: bf16 with few rows (setting cpu_gemv; off by default) and fp32
+(setting cpu_gemm_f32; on by default on AVX2-only CPUs).
 
 vLLM 0.32 gives every bf16 linear layer on x86 to oneDNN (`dispatch_cpu_unquantized_gemm`), which streams the weight
 at a fraction of the memory bandwidth when a call has 1-8 rows: the whole of decode at concurrency 1, and the draft
@@ -7,6 +8,12 @@ forward. With `DFLASH_CPU_GEMV` set, a layer vLLM would give to oneDNN gets both
 (vllm_dflash/ops/gemv.py) and vLLM's oneDNN handler; `torch.ops.vllm_dflash.linear_bf16` picks one per call from the
 row count (csrc/gemv_cpu.cpp), so a compiled graph keeps working for every batch size. Every other layer (fp32,
 sgl-kernel, zentorch, a CPU without avx512_bf16) keeps vLLM's choice untouched.
+
+fp32 (setting cpu_gemm_f32): a layer vLLM would give to oneDNN gets our packed copy (vllm_dflash/ops/gemm_f32.py) and
+`torch.ops.vllm_dflash.linear_f32`, which runs calls with up to the setting's rows on our AVX2 kernel
+(csrc/gemm_f32_cpu.cpp) and larger ones on vLLM's oneDNN handler; with `all` (auto on AVX2-only CPUs) every call runs
+on ours and no oneDNN handler is built. Our kernel sums each output in one fixed order, so a row's result does not
+depend on the batch it is in: decode (1 row a request) and verification (1 + k rows) see the same bits.
 """
 from __future__ import annotations
 
@@ -26,6 +33,70 @@ def max_rows(value: int | str, threads: int) -> int:
     if value == "auto":
         return 8 if threads >= 2 else 2
     return int(value)
+
+
+NO_LIMIT = 1 << 62  # `all`: every call on our kernel
+
+
+def f32_rows(value: int | str) -> int:
+    """The row threshold of a cpu_gemm_f32 value: `auto` = all rows on CPUs with avx2 but no avx512f (measured
+    there, benchmarks/results/gemm_f32.md), 0 elsewhere; `all` = every call; an integer is itself; 0 = off."""
+    import torch
+
+    if value == "auto":
+        return NO_LIMIT if torch.cpu._is_avx2_supported() and not torch.cpu._is_avx512_supported() else 0
+    if value == "all":
+        return NO_LIMIT
+    return int(value)
+
+
+def _eligible_f32(layer, utils_mod, ops_mod) -> bool:
+    """Would vLLM give this fp32 layer to oneDNN (and can our kernel take it)? Mirrors dispatch_cpu_unquantized_gemm."""
+    import torch
+
+    from vllm.platforms import current_platform
+
+    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
+
+    w = layer.weight
+    if w.is_meta or w.ndim != 2 or w.dtype != torch.float32 or w.device.type != "cpu" or w.numel() == 0:
+        return False
+    if current_platform.is_zen_cpu():  # vLLM may give it to zentorch
+        return False
+    n, k = w.shape
+    if utils_mod.check_cpu_sgl_kernel(n, k, w.dtype):
+        return False
+    return bool(ops_mod._supports_onednn) and gemm_f32_supported()
+
+
+def _dispatch_f32(layer, remove_weight: bool, utils_mod, ops) -> bool:
+    """Our fp32 linear on an eligible layer (True), or nothing done (False: vLLM's function decides)."""
+    import torch
+
+    from vllm_dflash import settings
+    from vllm_dflash.ops.gemm_f32 import pack_f32_weight
+
+    rows = f32_rows(settings.process_setting("cpu_gemm_f32"))
+    if rows <= 0 or not _eligible_f32(layer, utils_mod, ops):
+        return False
+    weight = layer.weight.detach()  # [N, K] fp32
+    if rows < NO_LIMIT:
+        try:
+            handler = ops.create_onednn_mm(weight.t(), 32)  # vLLM's own oneDNN GEMM, for calls with more rows
+        except RuntimeError:
+            return False  # vLLM warns and falls back to F.linear itself
+        handler_tensor = handler.handler_tensor
+    else:
+        handler, handler_tensor = None, torch.empty(0)  # never read: every call runs on our kernel
+    packed = pack_f32_weight(weight)
+    layer._dflash_gemm_f32 = (packed, handler)  # keeps both alive (the handler frees its primitive in __del__)
+    op, n, w_packed = torch.ops.vllm_dflash.linear_f32, packed.n, packed.packed
+    layer.cpu_linear = lambda x, weight, bias: op(x, w_packed, n, bias, rows, handler_tensor)  # [..., N]
+    if remove_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype, device=weight.device),
+                                          requires_grad=False)
+    _log_once_f32(rows)
+    return True
 
 
 def _eligible(layer, utils_mod, ops_mod) -> bool:
@@ -57,6 +128,8 @@ def dispatch(layer, remove_weight: bool) -> None:
     from vllm_dflash import settings
     from vllm_dflash.ops.gemv import pack_gemv_weight
 
+    if _dispatch_f32(layer, remove_weight, utils_mod, ops):
+        return
     rows = max_rows(settings.process_setting("cpu_gemv"), torch.get_num_threads())
     if rows <= 0 or not _eligible(layer, utils_mod, ops):
         return _ORIGINAL(layer, remove_weight)
@@ -82,6 +155,12 @@ def _log_once(rows: int) -> None:
                 "ones on vLLM's oneDNN GEMM", rows)
 
 
+@functools.lru_cache(maxsize=None)
+def _log_once_f32(rows: int) -> None:
+    logger.info("vllm_dflash: float32 linear layers run on our AVX2 GEMM (cpu_gemm_f32) %s",
+                "for every call" if rows >= NO_LIMIT else f"for calls with <= {rows} rows, larger ones on vLLM's oneDNN")
+
+
 def apply() -> None:
     global _ORIGINAL
     from vllm.model_executor.layers import utils as utils_mod
@@ -98,9 +177,11 @@ def apply() -> None:
 PATCH = Patch(
     symbol="vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm (CPU linear-layer GEMM choice)",
     why="oneDNN streams a bf16 weight far below the memory bandwidth for 1-8 rows (decode at low concurrency, the "
-        "draft forward); with DFLASH_CPU_GEMV set such calls run on our AVX512-BF16 skinny GEMM. Unset (the "
-        "default), the wrapper calls vLLM's function unchanged",
-    removal="when vLLM's CPU linear reaches the memory bandwidth at decode-sized M (benchmarks/gemv.py shows "
-            "`vllm` within 10% of `ours` at M=1 and M=8)",
+        "draft forward); with DFLASH_CPU_GEMV set such calls run on our AVX512-BF16 skinny GEMM. fp32 on AVX2-only "
+        "CPUs (cpu_gemm_f32, auto): oneDNN needs 1.3-1.7x our AVX2 kernel's time at 1-64 rows, so a verify step "
+        "costs far more than a decode step; ours also sums each row in one order (batch-invariant). Both off, the "
+        "wrapper calls vLLM's function unchanged",
+    removal="when vLLM's CPU linear reaches the memory bandwidth at decode-sized M (benchmarks/gemv.py and "
+            "benchmarks/gemm_f32.py show `vllm` within 10% of `ours` at M=1 and M=8)",
     apply=apply,
 )
