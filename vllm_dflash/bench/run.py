@@ -38,7 +38,8 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
                      "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
-                                "adaptive", "cpu_gemv", "cpu_gemm_f32") for n in (settings.env_name(k), settings.deprecated_env_name(k)))
+                                "adaptive", "cpu_gemv", "cpu_gemm_f32")
+                   for n in (settings.env_name(k), settings.deprecated_env_name(k)))
 # The servers' processes with vllm_dflash installed (TP 1): patches/cpu_uniproc.py keeps vLLM's `uni` executor on CPU
 PROCESSES = ("`vllm serve` with V1 multiprocessing (an API server and an engine core process, which runs the model "
              "itself: vLLM's `uni` executor, kept on CPU by vllm_dflash; a `NAME@mp` configuration adds vLLM's CPU "

@@ -450,14 +450,15 @@ CONTRACTS: tuple[Contract, ...] = (
         test="tests/vllm/test_seam.py::test_expand_kernel_patch_still_needed, tests/vllm/test_vllm_sampling.py"),
     Contract(
         "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm", "function",
-        "integration/patches/cpu_gemv.py", "wrapped (setting cpu_gemv): eligible bf16 layers get our two-path "
-        "`layer.cpu_linear`; every other call goes to the original unchanged",
+        "integration/patches/cpu_gemv.py", "wrapped (settings cpu_gemv, cpu_gemm_f32): eligible bf16 / fp32 layers "
+        "get our `layer.cpu_linear`; every other call goes to the original unchanged",
         "called once per linear / vocab layer after its weights load (CPU); it sets `layer.cpu_linear(x, weight, "
         "bias)`, which `cpu_unquantized_gemm` calls on every forward; with `remove_weight` it empties `layer.weight`. "
         "Our eligibility test mirrors its branches: meta / non-2-D weights, zentorch, `check_cpu_sgl_kernel`, oneDNN",
         params=("layer", "remove_weight"), exact=True,
         source=("check_cpu_sgl_kernel(N, K, dtype)", "ops.create_onednn_mm(origin_weight.t(), 32)",
-                "layer.cpu_linear"), patch="cpu_gemv", test="tests/vllm/test_vllm_cpu_gemv.py"),
+                "layer.cpu_linear"), patch="cpu_gemv",
+        test="tests/vllm/test_vllm_cpu_gemv.py, tests/vllm/test_vllm_gemm_f32.py"),
     Contract(
         "vllm.model_executor.layers.utils:check_cpu_sgl_kernel", "function", "integration/patches/cpu_gemv.py",
         "called: a layer vLLM gives to its sgl-kernel GEMM keeps vLLM's choice",
@@ -480,10 +481,10 @@ CONTRACTS: tuple[Contract, ...] = (
         test="tests/vllm/test_vllm_cpu_gemv.py"),
     Contract(
         "vllm._custom_ops:create_onednn_mm", "function", "integration/patches/cpu_onednn_cache.py, "
-        "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp",
+        "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp, csrc/gemm_f32_cpu.cpp",
         "wrapped (setting onednn_cache): a larger row-count cache, and the decode-sized row counts built when the "
-        "first layer of each weight shape loads; called by cpu_gemv for the oneDNN handler `linear_bf16` uses for "
-        "calls with more rows than its threshold",
+        "first layer of each weight shape loads; called by cpu_gemv for the oneDNN handler `linear_bf16` / "
+        "`linear_f32` use for calls with more rows than their threshold (none with cpu_gemm_f32 `all`)",
         "`primitive_cache_size` sizes the LRU of built primitives keyed by row count that all handlers of one "
         "weight shape share (the first handler of the shape sets it; csrc/cpu/dnnl_helper.cpp); the handler's "
         "`handler_tensor` (int64) is what `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? bias, Tensor "

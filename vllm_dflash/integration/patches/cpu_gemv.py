@@ -158,7 +158,8 @@ def _log_once(rows: int) -> None:
 @functools.lru_cache(maxsize=None)
 def _log_once_f32(rows: int) -> None:
     logger.info("vllm_dflash: float32 linear layers run on our AVX2 GEMM (cpu_gemm_f32) %s",
-                "for every call" if rows >= NO_LIMIT else f"for calls with <= {rows} rows, larger ones on vLLM's oneDNN")
+                "for every call" if rows >= NO_LIMIT
+                else f"for calls with <= {rows} rows, larger ones on vLLM's oneDNN")
 
 
 def apply() -> None:
