@@ -46,6 +46,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--config", default=None, help="(internal) run one config in this process")
     ap.add_argument("--json", default=None)
+    from vllm_dflash.utils import default_dtype
+
+    ap.add_argument("--dtype", default=default_dtype(),
+                    help="the target's dtype (default: the fastest on this CPU, as the bench picks it: bfloat16 with "
+                         "avx512_bf16, else float32)")
     ap.add_argument("--ops", type=int, default=0, metavar="N",
                     help="also profile N decode steps of the measured run (from its 20th step) with torch.profiler "
                          "and print the top operators by self CPU time per step")
@@ -60,7 +65,8 @@ def main() -> None:
         import sys
         for c in a.configs.split(","):
             subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
-                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--ops", str(a.ops)]
+                            "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--ops", str(a.ops),
+                            "--dtype", a.dtype]
                            + (["--pin-off"] if a.pin_off else [])
                            + [f"--spec-extra={x}" for x in a.spec_extra if x.startswith(c + ":")]
                            + (["--json", f"{a.json}.{c}.json"] if a.json else []), check=True)
@@ -139,7 +145,7 @@ def main() -> None:
         dm = VM.DFlashDraftForVllm
         for name in ("precompute_and_store_context_kv", "draft_argmax", "forward"):
             wrap(dm, name, "p.draft_" + name)
-    llm = LLM(model=str(target), dtype="bfloat16", max_model_len=2048, max_num_seqs=max(a.concurrency, 8),
+    llm = LLM(model=str(target), dtype=a.dtype, max_model_len=2048, max_num_seqs=max(a.concurrency, 8),
               speculative_config=spec, seed=0, gpu_memory_utilization=0.5)  # CPU: a share of RAM (other jobs hold some)
     core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
     sched = core.scheduler
