@@ -25,6 +25,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_linear_route.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -191,27 +193,11 @@ at::Tensor gemm_f32(const at::Tensor& x, const at::Tensor& w_packed, int64_t n, 
   return y;
 }
 
-// A vLLM CPU linear layer with few rows on our kernel and the rest on vLLM's own oneDNN GEMM:
-//   x [..., K] -> [..., N]: M = x.numel() / K rows; M <= max_rows: gemm_f32; else vLLM's _C::onednn_mm with the
-//   layer's oneDNN handler (made by vllm._custom_ops.create_onednn_mm from the same weight).
-// The choice happens here, at run time: under torch.compile a Python branch on M would be traced for one shape.
-// Contract: vLLM 0.32's `_C::onednn_mm(Tensor(a!) c, Tensor a, Tensor? bias, Tensor handler_tensor) -> ()`
-// (vllm_dflash/integration/seam.py checks the schema before the patch that uses this op is applied).
+// A vLLM CPU linear layer: <= max_rows rows on gemm_f32, more on vLLM's oneDNN GEMM (csrc/cpu_linear_route.h).
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w_packed, int64_t n, const c10::optional<at::Tensor>& bias,
                       int64_t max_rows, const at::Tensor& onednn_handler) {
-  const int64_t K = x.size(-1);
-  const int64_t M = K > 0 ? x.numel() / K : 0;
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = n;
-  const at::Tensor x2 = x.reshape({M, K}).contiguous();  // [M, K] (a view for the usual 2-D contiguous input)
-  if (M <= max_rows) return gemm_f32(x2, w_packed, n, bias).view(out_shape);
-  static const auto onednn_mm =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("_C::onednn_mm", "")
-          .typed<void(at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&)>();
-  at::Tensor y = at::empty({M, n}, x.options());  // [M, N]
-  onednn_mm.call(y, x2, bias, onednn_handler);
-  return y.view(out_shape);
+  return vllm_dflash::route_linear(x, n, bias, max_rows, onednn_handler,
+                                   [&](const at::Tensor& x2) { return gemm_f32(x2, w_packed, n, bias); });
 }
 
 }  // namespace

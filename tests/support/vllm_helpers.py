@@ -11,6 +11,26 @@ BASE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM
             "TOKENIZERS_PARALLELISM": "false"}
 
 
+def linear_probe(ours_attr: str) -> str:
+    """An `after` snippet for run_vllm: the names of the target's layers with a `cpu_linear`, sorted into `ours` (the
+    layer carries our patch's attribute `ours_attr`), `onednn` (vLLM's oneDNN lambda) and `other`."""
+    return f"""
+model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+ours, onednn, other = [], [], []
+for name, m in model.named_modules():
+    f = getattr(m, "cpu_linear", None)
+    if f is None:
+        continue
+    if hasattr(m, {ours_attr!r}):
+        ours.append(name)
+    elif "onednn_mm" in getattr(getattr(f, "__code__", None), "co_names", ()):
+        onednn.append(name)
+    else:
+        other.append(name)
+probe.update(ours=ours, onednn=onednn, other=other)
+"""
+
+
 def run_vllm(runs: list[dict], env: dict | None = None, timeout: int = 1200) -> list[dict]:
     """Run each spec in order in ONE fresh process; return one result dict per run (+ "log" on the first)."""
     import tempfile

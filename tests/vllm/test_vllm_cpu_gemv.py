@@ -12,7 +12,7 @@ import torch
 from vllm_dflash.exactness import first_difference, is_near_tie
 from vllm_dflash.ops.gemv import gemv_supported
 
-from support.vllm_helpers import run_vllm
+from support.vllm_helpers import linear_probe, run_vllm
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not gemv_supported(), reason="the skinny-GEMM kernel needs avx512_bf16 (and the built "
@@ -22,22 +22,7 @@ g = torch.Generator().manual_seed(5)
 PROMPTS = [torch.randint(4, 384, (n,), generator=g).tolist() for n in (7, 12, 19, 30)]
 
 NO_SGL = "import vllm.model_executor.layers.utils as U\nU.check_cpu_sgl_kernel = lambda n, k, dtype: False\n"
-# which layers got which GEMM: ours (the patch's attribute) or vLLM's oneDNN (its lambda calls ops.onednn_mm)
-PROBE = """
-model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-ours, onednn, other = [], [], []
-for name, m in model.named_modules():
-    f = getattr(m, "cpu_linear", None)
-    if f is None:
-        continue
-    if hasattr(m, "_dflash_gemv"):
-        ours.append(name)
-    elif "onednn_mm" in getattr(getattr(f, "__code__", None), "co_names", ()):
-        onednn.append(name)
-    else:
-        other.append(name)
-probe.update(ours=ours, onednn=onednn, other=other)
-"""
+PROBE = linear_probe("_dflash_gemv")  # which layers got which GEMM: ours, vLLM's oneDNN, other
 
 
 def divergences(base: dict, other: dict) -> list[dict]:

@@ -11,7 +11,7 @@ import torch
 from vllm_dflash.exactness import first_difference
 from vllm_dflash.ops.gemm_f32 import gemm_f32, gemm_f32_reference, gemm_f32_supported, pack_f32_weight
 
-from support.vllm_helpers import run_vllm
+from support.vllm_helpers import linear_probe, run_vllm
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not gemm_f32_supported(), reason="the fp32 GEMM needs avx2 and fma (and the built "
@@ -23,21 +23,7 @@ PROMPTS = [torch.randint(4, 384, (n,), generator=g).tolist() for n in (7, 12, 19
 # top-2 logprobs are closer than this (nats). Far above fp32 order noise (~1e-5), far below a real difference.
 ORDER_TIE_NATS = 1e-3
 
-PROBE = """
-model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-ours, onednn, other = [], [], []
-for name, m in model.named_modules():
-    f = getattr(m, "cpu_linear", None)
-    if f is None:
-        continue
-    if hasattr(m, "_dflash_gemm_f32"):
-        ours.append(name)
-    elif "onednn_mm" in getattr(getattr(f, "__code__", None), "co_names", ()):
-        onednn.append(name)
-    else:
-        other.append(name)
-probe.update(ours=ours, onednn=onednn, other=other)
-"""
+PROBE = linear_probe("_dflash_gemm_f32")  # which layers got which GEMM: ours, vLLM's oneDNN, other
 
 
 @pytest.fixture(scope="module")

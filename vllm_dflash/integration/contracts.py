@@ -481,7 +481,7 @@ CONTRACTS: tuple[Contract, ...] = (
         test="tests/vllm/test_vllm_cpu_gemv.py"),
     Contract(
         "vllm._custom_ops:create_onednn_mm", "function", "integration/patches/cpu_onednn_cache.py, "
-        "integration/patches/cpu_gemv.py, csrc/gemv_cpu.cpp, csrc/gemm_f32_cpu.cpp",
+        "integration/patches/cpu_gemv.py, csrc/cpu_linear_route.h",
         "wrapped (setting onednn_cache): a larger row-count cache, and the decode-sized row counts built when the "
         "first layer of each weight shape loads; called by cpu_gemv for the oneDNN handler `linear_bf16` / "
         "`linear_f32` use for calls with more rows than their threshold (none with cpu_gemm_f32 `all`)",
@@ -500,12 +500,12 @@ CONTRACTS: tuple[Contract, ...] = (
         "`speculative_config.num_speculative_tokens`", params=(),
         test="tests/vllm/test_vllm_onednn_cache.py"),
     Contract(
-        "vllm._custom_ops:onednn_mm", "function", "csrc/gemv_cpu.cpp (linear_bf16)",
+        "vllm._custom_ops:onednn_mm", "function", "csrc/cpu_linear_route.h (linear_bf16, linear_f32)",
         "mirrored in C++: the same `_C::onednn_mm` call for calls with more rows than the threshold",
         "`torch.ops._C.onednn_mm(output, x.reshape(-1, k), bias, handler_tensor)` with `output` [M, N] in x's dtype",
         params=("dnnl_handler", "x", "bias"),
         source=("torch.ops._C.onednn_mm(", "dnnl_handler.handler_tensor"),
-        test="tests/vllm/test_vllm_cpu_gemv.py"),
+        test="tests/vllm/test_vllm_cpu_gemv.py, tests/vllm/test_vllm_gemm_f32.py"),
     Contract(
         "vllm.platforms.cpu:CpuPlatform.register_triton_kernel_overrides", "method", "integration/patches/"
         "cpu_expand_kernel.py", "reads `cpu_triton_utils._expand_kernel_impl` (our replacement)",

@@ -50,36 +50,29 @@ def f32_rows(value: int | str) -> int:
     return int(value)
 
 
-def _eligible_f32(layer, utils_mod, ops_mod) -> bool:
-    """Would vLLM give this fp32 layer to oneDNN (and can our kernel take it)? Mirrors dispatch_cpu_unquantized_gemm."""
-    import torch
-
+def _eligible(layer, utils_mod, ops_mod, dtype, supported) -> bool:
+    """Would vLLM give this `dtype` layer to oneDNN (and can our kernel take it: `supported()`)? Mirrors
+    dispatch_cpu_unquantized_gemm."""
     from vllm.platforms import current_platform
 
-    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
-
     w = layer.weight
-    if w.is_meta or w.ndim != 2 or w.dtype != torch.float32 or w.device.type != "cpu" or w.numel() == 0:
+    if w.is_meta or w.ndim != 2 or w.dtype != dtype or w.device.type != "cpu" or w.numel() == 0:
         return False
     if current_platform.is_zen_cpu():  # vLLM may give it to zentorch
         return False
     n, k = w.shape
     if utils_mod.check_cpu_sgl_kernel(n, k, w.dtype):
         return False
-    return bool(ops_mod._supports_onednn) and gemm_f32_supported()
+    return bool(ops_mod._supports_onednn) and supported()
 
 
-def _dispatch_f32(layer, remove_weight: bool, utils_mod, ops) -> bool:
-    """Our fp32 linear on an eligible layer (True), or nothing done (False: vLLM's function decides)."""
+def _install(layer, remove_weight: bool, ops, rows: int, op, pack, attr: str) -> bool:
+    """Give `layer` our linear `op` (torch.ops.vllm_dflash.linear_bf16 / linear_f32) on its weight packed by `pack`:
+    calls with <= rows rows on our kernel, larger ones on vLLM's oneDNN handler (none is built with NO_LIMIT).
+    False (nothing changed) where vLLM's oneDNN handler cannot be built: vLLM's function decides then."""
     import torch
 
-    from vllm_dflash import settings
-    from vllm_dflash.ops.gemm_f32 import pack_f32_weight
-
-    rows = f32_rows(settings.process_setting("cpu_gemm_f32"))
-    if rows <= 0 or not _eligible_f32(layer, utils_mod, ops):
-        return False
-    weight = layer.weight.detach()  # [N, K] fp32
+    weight = layer.weight.detach()  # [N, K]
     if rows < NO_LIMIT:
         try:
             handler = ops.create_onednn_mm(weight.t(), 32)  # vLLM's own oneDNN GEMM, for calls with more rows
@@ -88,65 +81,39 @@ def _dispatch_f32(layer, remove_weight: bool, utils_mod, ops) -> bool:
         handler_tensor = handler.handler_tensor
     else:
         handler, handler_tensor = None, torch.empty(0)  # never read: every call runs on our kernel
-    packed = pack_f32_weight(weight)
-    layer._dflash_gemm_f32 = (packed, handler)  # keeps both alive (the handler frees its primitive in __del__)
-    op, n, w_packed = torch.ops.vllm_dflash.linear_f32, packed.n, packed.packed
+    packed = pack(weight)
+    setattr(layer, attr, (packed, handler))  # keeps both alive (the handler frees its primitive in __del__)
+    n, w_packed = packed.n, packed.packed
     layer.cpu_linear = lambda x, weight, bias: op(x, w_packed, n, bias, rows, handler_tensor)  # [..., N]
     if remove_weight:
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype, device=weight.device),
                                           requires_grad=False)
-    _log_once_f32(rows)
     return True
 
 
-def _eligible(layer, utils_mod, ops_mod) -> bool:
-    """Would vLLM give this layer to oneDNN (and can our kernel take it)? Mirrors dispatch_cpu_unquantized_gemm."""
-    import torch
-
-    from vllm.platforms import current_platform
-
-    from vllm_dflash.ops.gemv import gemv_supported
-
-    w = layer.weight
-    if w.is_meta or w.ndim != 2 or w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.numel() == 0:
-        return False
-    if current_platform.is_zen_cpu():  # vLLM may give it to zentorch
-        return False
-    n, k = w.shape
-    if utils_mod.check_cpu_sgl_kernel(n, k, w.dtype):
-        return False
-    return bool(ops_mod._supports_onednn) and gemv_supported()
-
-
 def dispatch(layer, remove_weight: bool) -> None:
-    """Wraps vLLM's dispatch_cpu_unquantized_gemm (same signature): our two-path linear where eligible."""
+    """Wraps vLLM's dispatch_cpu_unquantized_gemm (same signature): our linear where eligible (fp32: cpu_gemm_f32,
+    bf16: cpu_gemv), else vLLM's function."""
     import torch
 
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils as utils_mod
 
     from vllm_dflash import settings
-    from vllm_dflash.ops.gemv import pack_gemv_weight
+    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported, pack_f32_weight
+    from vllm_dflash.ops.gemv import gemv_supported, pack_gemv_weight
 
-    if _dispatch_f32(layer, remove_weight, utils_mod, ops):
+    rows = f32_rows(settings.process_setting("cpu_gemm_f32"))
+    if rows > 0 and _eligible(layer, utils_mod, ops, torch.float32, gemm_f32_supported) and _install(
+            layer, remove_weight, ops, rows, torch.ops.vllm_dflash.linear_f32, pack_f32_weight, "_dflash_gemm_f32"):
+        _log_once_f32(rows)
         return
     rows = max_rows(settings.process_setting("cpu_gemv"), torch.get_num_threads())
-    if rows <= 0 or not _eligible(layer, utils_mod, ops):
-        return _ORIGINAL(layer, remove_weight)
-    weight = layer.weight.detach()  # [N, K] bf16
-    try:
-        handler = ops.create_onednn_mm(weight.t(), 32)  # vLLM's own oneDNN GEMM, for calls with more rows
-    except RuntimeError:
-        return _ORIGINAL(layer, remove_weight)  # vLLM warns and falls back to F.linear itself
-    packed = pack_gemv_weight(weight)
-    layer._dflash_gemv = (packed, handler)  # keeps both alive (the handler frees its primitive in __del__)
-    op, n, handler_tensor = torch.ops.vllm_dflash.linear_bf16, packed.n, handler.handler_tensor
-    w_packed = packed.packed
-    layer.cpu_linear = lambda x, weight, bias: op(x, w_packed, n, bias, rows, handler_tensor)  # [..., N]
-    if remove_weight:
-        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype, device=weight.device),
-                                          requires_grad=False)
-    _log_once(rows)
+    if rows > 0 and _eligible(layer, utils_mod, ops, torch.bfloat16, gemv_supported) and _install(
+            layer, remove_weight, ops, rows, torch.ops.vllm_dflash.linear_bf16, pack_gemv_weight, "_dflash_gemv"):
+        _log_once(rows)
+        return
+    _ORIGINAL(layer, remove_weight)
 
 
 @functools.lru_cache(maxsize=None)
