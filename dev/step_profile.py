@@ -225,6 +225,17 @@ def main() -> None:
     if pk:
         print("  drafter parts ms/step: " + " ".join(f"{k[2:]} {1e3 * sum(r.get(k, 0.0) for r in dec) / len(dec):.2f}"
                                               for k in pk), flush=True)
+    threads = []  # every thread of this process by CPU time (user + system): a thread that competes with the OMP team
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            f = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            threads.append((int(f[11]) + int(f[12]), name))
+        except OSError:
+            continue
+    hz = os.sysconf("SC_CLK_TCK")
+    print("  threads by CPU time (s, whole process life): " + ", ".join(
+        f"{n} {t / hz:.1f}" for t, n in sorted(threads, reverse=True)[:8]), flush=True)
     if "table" in OPS:
         print(f"  torch.profiler, {a.ops} decode steps from the 20th (self CPU time over all {a.ops}):")
         print(OPS["table"], flush=True)
