@@ -19,6 +19,7 @@ with a one-time warning naming the new one. Every bad value raises `DFlashConfig
 from and the fix."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Mapping
@@ -164,6 +165,18 @@ def _onednn_cache(raw: Any) -> int:
     raise ValueError
 
 
+def _speedup(raw: Any) -> float:
+    """A speed-up factor: a number >= 1."""
+    if isinstance(raw, str):
+        try:
+            raw = float(raw)
+        except ValueError:
+            raise ValueError from None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and float(raw) >= 1.0:
+        return float(raw)
+    raise ValueError
+
+
 def _dtype(raw: Any) -> str | None:
     return None if _text_or_none(raw) is None else _choice(*_DTYPES)(raw)
 
@@ -209,6 +222,14 @@ class DFlashSettings:
             "the kernel benchmark (vllm_dflash/bench/kernels.py) does); fused = the kernel or an error; reference = PyTorch "
             "(debugging, comparisons).",
         fix="use 'auto', 'fused' or 'reference'")
+    guard_threshold: float = _setting(
+        1.3, type="float", allowed="number >= 1", shown_default="1.3", parse=_speedup,
+        doc="Adaptive drafting's guard: while the models forecast at least this speed-up over no speculation, it "
+            "keeps speculating without spending steps on measuring 'no speculation'; below it, it measures both "
+            "and runs the faster (a measured loss always wins). Lower trusts the forecast more (fewer steps without "
+            "speculation, less protection where the forecast is wrong); higher measures more often "
+            "(docs/ADAPTIVE.md).",
+        fix="use a number >= 1, e.g. 1.3")
     defer_injection: bool = _setting(
         True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "

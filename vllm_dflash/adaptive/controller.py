@@ -115,7 +115,7 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
 
 class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
-                 clock=time.perf_counter, split_cost: bool = False):
+                 clock=time.perf_counter, split_cost: bool = False, guard_threshold: float = 1.3):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
@@ -127,6 +127,7 @@ class AdaptiveController:
         self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
+        self.guard_threshold = guard_threshold  # the guards' sure_speedup (setting guard_threshold)
         self._bucket = 0  # batch-size bucket of the current step
         self._decided_bucket = -1  # bucket whose guard chose the arm of the previous step
         self.metrics = metrics
@@ -154,7 +155,7 @@ class AdaptiveController:
     @property
     def guard(self) -> SpeculationGuard:
         """The guard of the current batch-size bucket."""
-        return guard_for(self.guards, self._bucket)
+        return guard_for(self.guards, self._bucket, self.guard_threshold)
 
     # ------------------------------------------------------------------ synchronous scheduling
     def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,

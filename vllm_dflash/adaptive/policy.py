@@ -441,11 +441,12 @@ class SpeculationGuard:
         self._since_explore, self._exploring, self._before, self.arm = 0, True, before, other
 
 
-def guard_for(guards: dict[int, SpeculationGuard], bucket: int) -> SpeculationGuard:
-    """The guard of a batch-size bucket (created on first use), `vouched` for while some larger bucket `wins`."""
+def guard_for(guards: dict[int, SpeculationGuard], bucket: int, sure_speedup: float = 1.3) -> SpeculationGuard:
+    """The guard of a batch-size bucket (created on first use with `sure_speedup`: setting guard_threshold),
+    `vouched` for while some larger bucket `wins`."""
     g = guards.get(bucket)
     if g is None:
-        g = guards[bucket] = SpeculationGuard()
+        g = guards[bucket] = SpeculationGuard(sure_speedup=sure_speedup)
     g.vouched = any(b > bucket and o.wins for b, o in guards.items())
     return g
 

@@ -102,22 +102,29 @@ DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "o
 
 MP_SUFFIX = "@mp"  # a variant served with vLLM's worker process: --distributed-executor-backend mp
 ONEDNN_SUFFIX = "@onednn"  # a variant with vLLM's own oneDNN GEMM for every linear layer (our GEMM kernels off)
+LABEL_SEP = "#"  # NAME#LABEL: a labelled copy of NAME, so one run can hold NAME twice with different overrides
 
 
 def lookup(name: str) -> BenchConfig:
     """A copy of the registry entry `name`, or of its variants: `NAME@mp` (vLLM's worker-process layout on CPU),
     `NAME@onednn` (vLLM's oneDNN GEMM for every linear layer: DFLASH_CPU_GEMM_F32=off, DFLASH_CPU_GEMV=off), or
-    both (`NAME@onednn@mp`)."""
+    both (`NAME@onednn@mp`). `NAME#LABEL` (after any of those): a copy of NAME under its own name, for side-by-side
+    A/Bs of `--spec-extra` / `--env-extra` overrides (e.g. `ours-adaptive` against `ours-adaptive#g11` with
+    `ours-adaptive#g11:guard_threshold=1.1`)."""
     import copy
 
-    base, suffixes = name, []
+    base, label_sep, label = name.partition(LABEL_SEP)
+    if label_sep and not label:
+        raise ValueError(f"bench: configuration {name!r} has an empty label. Fix: write NAME{LABEL_SEP}LABEL")
+    suffixes = []
     while base.endswith((MP_SUFFIX, ONEDNN_SUFFIX)):
         suffix = MP_SUFFIX if base.endswith(MP_SUFFIX) else ONEDNN_SUFFIX
         suffixes.append(suffix)
         base = base[:-len(suffix)]
     if base not in REGISTRY or len(set(suffixes)) != len(suffixes):
         raise ValueError(f"bench: unknown configuration {name!r}. Fix: use one of {list(REGISTRY)}, with "
-                         f"{MP_SUFFIX} for vLLM's worker process and/or {ONEDNN_SUFFIX} for vLLM's oneDNN GEMM")
+                         f"{MP_SUFFIX} for vLLM's worker process and/or {ONEDNN_SUFFIX} for vLLM's oneDNN GEMM, "
+                         f"then optionally {LABEL_SEP}LABEL")
     cfg = copy.deepcopy(REGISTRY[base])
     cfg.name = name
     if MP_SUFFIX in suffixes:
@@ -127,6 +134,8 @@ def lookup(name: str) -> BenchConfig:
     if ONEDNN_SUFFIX in suffixes:
         cfg.description += "; every linear layer on vLLM's oneDNN GEMM (our CPU GEMM kernels off)"
         cfg.env.update({"DFLASH_CPU_GEMM_F32": "off", "DFLASH_CPU_GEMV": "off"})
+    if label:
+        cfg.description += f"; labelled copy {label!r} (its overrides, if any, are listed under the run's command)"
     return cfg
 
 

@@ -68,7 +68,9 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
                    "ours-hinted configuration serves (default: models/SmolLM2-135M-Instruct-DFlash-b8-hinted of a "
                    "source checkout, default target only)")
     p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)}; NAME@mp serves NAME with vLLM's "
-                   f"worker process (--distributed-executor-backend mp) (default: all; quick: {q['configs']})")
+                   "worker process (--distributed-executor-backend mp), NAME@onednn with vLLM's oneDNN GEMM, "
+                   "NAME#LABEL is a labelled copy of NAME for A/Bs of --spec-extra / --env overrides "
+                   f"(default: all; quick: {q['configs']})")
     p.add_argument("--prompt-sets", default="humaneval,chat",
                    help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), or JSONL files")
     p.add_argument("--concurrency", default=None, help="comma list of requests in flight (default 1,8,32; quick 1,8)")

@@ -30,15 +30,16 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
         super().__init__(*args, **kwargs)
         self._k_max = self.num_spec_tokens
         self._metrics = MetricsSink.get()
-        self.planner = LengthPlanner(self._k_max, metrics=self._metrics)
+        from vllm_dflash.settings import from_vllm_config
+
+        settings = from_vllm_config(self.vllm_config)
+        self.planner = LengthPlanner(self._k_max, metrics=self._metrics, guard_threshold=settings.guard_threshold)
         self._placeholder_lists = [[-1] * k for k in range(self._k_max + 1)]  # shared read-only, as vLLM's
         self._next_decision: tuple | None = None  # the plan that set the coming step's drafts
         self._decisions: dict[int, tuple | None] = {}  # id(scheduler_output) -> its plan
         self._outputs = 0
-        from vllm_dflash.settings import from_vllm_config
-
         # prompt lookup is a source: plan per match context (setting `adaptive`, vllm_config.additional_config)
-        self._lookup = from_vllm_config(self.vllm_config).adaptive_mode in ("both", "ngram", "merged")
+        self._lookup = settings.adaptive_mode in ("both", "ngram", "merged")
         self._tokens: dict[str, tuple[np.ndarray, int]] = {}  # req_id -> (token ids buffer, length)
 
     def _update_after_schedule(self, scheduler_output) -> None:
