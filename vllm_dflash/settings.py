@@ -91,26 +91,23 @@ def _pos_int_or_none(raw: Any) -> int | None:
     raise ValueError
 
 
-def _pos_float(raw: Any) -> float:
-    if isinstance(raw, str):
-        try:
-            raw = float(raw)
-        except ValueError:
-            raise ValueError from None
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and float(raw) > 0.0:
-        return float(raw)
-    raise ValueError
+def _float_where(ok: Callable[[float], bool]) -> Callable[[Any], float]:
+    """A parser of a number (or its text) for which ok(value) holds; booleans are not numbers here."""
+    def parse(raw: Any) -> float:
+        if isinstance(raw, str):
+            try:
+                raw = float(raw)
+            except ValueError:
+                raise ValueError from None
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and ok(float(raw)):
+            return float(raw)
+        raise ValueError
+    return parse
 
 
-def _unit_float(raw: Any) -> float:
-    if isinstance(raw, str):
-        try:
-            raw = float(raw)
-        except ValueError:
-            raise ValueError from None
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and 0.0 < float(raw) <= 1.0:
-        return float(raw)
-    raise ValueError
+_pos_float = _float_where(lambda v: v > 0.0)
+_unit_float = _float_where(lambda v: 0.0 < v <= 1.0)
+_speedup = _float_where(lambda v: math.isfinite(v) and v >= 1.0)  # a speed-up factor: a finite number >= 1
 
 
 def _text_or_none(raw: Any) -> str | None:
@@ -162,18 +159,6 @@ def _onednn_cache(raw: Any) -> int:
         raw = int(raw)
     if isinstance(raw, int) and not isinstance(raw, bool) and (raw == 0 or 32 <= raw <= 8192):
         return raw
-    raise ValueError
-
-
-def _speedup(raw: Any) -> float:
-    """A speed-up factor: a number >= 1."""
-    if isinstance(raw, str):
-        try:
-            raw = float(raw)
-        except ValueError:
-            raise ValueError from None
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and float(raw) >= 1.0:
-        return float(raw)
     raise ValueError
 
 

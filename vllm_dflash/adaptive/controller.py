@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, SplitStepCost, StepCostModel,
-                                         batch_bucket, guard_for, plan_lengths, predicted_speedup, publish_plan)
+from vllm_dflash.adaptive.policy import (SURE_SPEEDUP, AcceptanceModel, SpeculationGuard, SplitStepCost,
+                                         StepCostModel, batch_bucket, guard_for, plan_lengths, predicted_speedup,
+                                         publish_plan)
 from vllm_dflash.adaptive.trace import open_trace
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
@@ -115,7 +116,8 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
 
 class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
-                 clock=time.perf_counter, split_cost: bool = False, guard_threshold: float = 1.3):
+                 clock=time.perf_counter, split_cost: bool = False,
+                 guard_threshold: float = SURE_SPEEDUP):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
+from vllm_dflash.adaptive.policy import (SURE_SPEEDUP, AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
                                          cumulative_acceptance, guard_for, plan_lengths, predicted_speedup,
                                          publish_plan)
 
@@ -34,7 +34,7 @@ CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's 
 
 
 class LengthPlanner:
-    def __init__(self, k_max: int, metrics=None, clock=time.perf_counter, guard_threshold: float = 1.3):
+    def __init__(self, k_max: int, metrics=None, clock=time.perf_counter, guard_threshold: float = SURE_SPEEDUP):
         self.k_max = k_max
         self.guard_threshold = guard_threshold  # the guards' sure_speedup (setting guard_threshold)
         self.acceptance = AcceptanceModel(k_max, prior=dict(CONTEXTS))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+SURE_SPEEDUP = 1.3  # the guard's default threshold (setting guard_threshold has the same default)
 SOURCES = ("dflash", "ngram", "merged")  # merged: prompt-lookup tokens first, the DFlash block after them
 # A merged proposal's lookup slots are scored as prompt lookup (they are its tokens); its "merged" rates are those of
 # the block's slots after a lookup, by slot (the block drafts slot j from the anchor whatever the lookup put before).
@@ -347,7 +348,7 @@ class SpeculationGuard:
     ARMS = ("plan", "off")
 
     def __init__(self, window: int = 12, explore_every: int = 4, max_gap: int = 32, ema: float = 0.5,
-                 sure_speedup: float = 1.3):
+                 sure_speedup: float = SURE_SPEEDUP):
         self.window, self.explore_every, self.max_gap, self.ema = window, explore_every, max_gap, ema
         self.sure_speedup = sure_speedup
         self.vouched = False  # a larger batch measured the plan faster than 'off' (`guard_for`)
@@ -441,7 +442,8 @@ class SpeculationGuard:
         self._since_explore, self._exploring, self._before, self.arm = 0, True, before, other
 
 
-def guard_for(guards: dict[int, SpeculationGuard], bucket: int, sure_speedup: float = 1.3) -> SpeculationGuard:
+def guard_for(guards: dict[int, SpeculationGuard], bucket: int,
+              sure_speedup: float = SURE_SPEEDUP) -> SpeculationGuard:
     """The guard of a batch-size bucket (created on first use with `sure_speedup`: setting guard_threshold),
     `vouched` for while some larger bucket `wins`."""
     g = guards.get(bucket)
