@@ -192,7 +192,7 @@ def main() -> int:
     try:
         man = generate(target, next(stash.glob("p*/prompts.jsonl.xz")), gen_dir, T0 + a.gen_s, a.batch, a.max_new_tokens,
                        768, a.wave, a.device)
-        log(f"gen done: {json.dumps({k: man[k] for k in ('num_records', 'num_response_tokens', 'tokens_per_s')})}")
+        log(f"gen done: {json.dumps({k: man.get(k) for k in ('num_records', 'num_response_tokens', 'tokens_per_s')})}")
     except Exception:  # noqa: BLE001 - training still runs on the committed data
         (work / "gen_error.txt").write_text(traceback.format_exc())
         log("gen FAILED:\n" + traceback.format_exc())
