@@ -275,7 +275,10 @@ def eval_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[st
     pos = ", ".join(f"{x:.3f}" for x in d["per_position_acceptance"])
     ng = d.get("ngram") or {}
     version = f" (bundled draft version {d['draft_version']})" if d.get("draft_version") else " (bundled draft version 1)"
-    out = [f"## Acceptance through vLLM: HumanEval, all 164 prompts{version}", ""]
+    what = "HumanEval, all 164 prompts" if d["prompts"] == "humaneval" and d["num_prompts"] == 164 else \
+        f"the {d['prompts']} set, {d['num_prompts']} prompts"
+    key = PROVENANCE.get(stem, {}).get("machine")
+    out = [f"## Acceptance through vLLM: {what}{version}{f', {key}' if key else ''}", ""]
     recorded = next((m["cpu"] for m in MACHINES.values() if m["cpu"] in d.get("machine", "")), None)
     out += provenance_block(git_date(RESULTS / f"{stem}.json") + " (commit date of the JSON)",
                             machine(stem, recorded)
