@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adaptive drafting's guard (`SpeculationGuard`) judges 'plan' against 'off' with hysteresis sized from the noise:
+the arm that is not the winner must lead it by the spread of the two flanking windows (at least `min_margin`).
+Each test drives one flanked comparison A B A with window 1 (one step = one window) and tokens/s set directly."""
+import pytest
+
+from vllm_dflash.adaptive.policy import SpeculationGuard
+
+
+def _compare(g: SpeculationGuard, before: float, other: float, after: float) -> None:
+    """One flanked comparison: a window of the running arm, one of the other arm, then the running arm again."""
+    running = g.arm
+    g.record(before, 1.0)
+    assert g.arm != running, "the guard should be measuring the other arm now"
+    g.record(other, 1.0)
+    assert g.arm == running, "the flank should be a window of the running arm"
+    g.record(after, 1.0)
+
+
+def _guard(**kw) -> SpeculationGuard:
+    return SpeculationGuard(window=1, sure_speedup=float("inf"), **kw)  # no forecast ever 'sure': 'off' is measured
+
+
+def test_a_lead_inside_the_flank_spread_keeps_the_plan():
+    """plan 100, off 103, plan 92: off leads the plan's mean (96) by 7 %, but the two plan windows differ by 8 %
+    (8 / 96): noise, so the plan keeps running. Before this rule any lead turned speculation off."""
+    g = _guard()
+    _compare(g, 100, 103, 92)
+    assert g.rate == {"plan": 96, "off": 103}
+    assert g.margin == pytest.approx(8 / 96)
+    assert g.best == "plan" and g.arm == "plan"
+
+
+def test_a_lead_beyond_the_spread_turns_speculation_off():
+    """plan 100, off 130, plan 98: a 31 % lead against a 2 % spread is real."""
+    g = _guard()
+    _compare(g, 100, 130, 98)
+    assert g.best == "off" and g.arm == "off"
+
+
+def test_steady_flanks_use_the_minimum_margin():
+    """Flanks equal (spread 0): the margin is `min_margin`, so a lead of 1 % keeps the plan and 3 % does not."""
+    g = _guard(min_margin=0.02)
+    _compare(g, 100, 101, 100)
+    assert g.margin == 0.02 and g.best == "plan"
+    g2 = _guard(min_margin=0.02)
+    _compare(g2, 100, 103, 100)
+    assert g2.best == "off"
+
+
+def test_the_hysteresis_holds_in_both_directions():
+    """Once 'off' won, the plan must lead it by the margin to come back: 'off' windows of 128 and 125 (mean 126.5,
+    spread 2.4 %) around a plan window of 129 (2 % ahead) keep 'off'; a plan window of 140 brings the plan back."""
+    g = _guard(explore_every=1)
+    _compare(g, 100, 130, 98)
+    assert g.arm == "off"
+    g.record(128, 1.0)  # off's EMA window; the gap is 1 window, so the next window explores the plan
+    assert g.arm == "plan"
+    g.record(129, 1.0)
+    assert g.arm == "off"
+    g.record(125, 1.0)
+    assert g.margin == pytest.approx(3 / 126.5)
+    assert g.best == "off" and g.arm == "off"
+    _compare(g, 126, 140, 126)  # the next comparison, after `gap` windows of 'off'
+    assert g.best == "plan" and g.arm == "plan"
