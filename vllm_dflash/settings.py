@@ -167,6 +167,13 @@ def _dtype(raw: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------- the tables
+def _margin(raw: Any) -> float | str:
+    """The guard's margin: "noise", or a share >= 0."""
+    if isinstance(raw, str) and raw.strip().lower() == "noise":
+        return "noise"
+    return _float_where(lambda v: math.isfinite(v) and v >= 0)(raw)
+
+
 def _setting(default: Any, *, type: str, allowed: str, shown_default: str, doc: str, fix: str,
              parse: Callable[[Any], Any], spec_key: bool = True) -> Any:
     return field(default=default, metadata={"type": type, "allowed": allowed, "shown_default": shown_default,
@@ -215,6 +222,13 @@ class DFlashSettings:
             "speculation, less protection where the forecast is wrong); higher measures more often "
             "(docs/ADAPTIVE.md).",
         fix="use a number >= 1, e.g. 1.3")
+    guard_margin: float | str = _setting(
+        "noise", type="str or float", allowed='"noise" or a number >= 0', shown_default='"noise"',
+        parse=_margin,
+        doc="Adaptive drafting's guard: how far the arm that is not the winner (speculation or none) must lead it "
+            "to take over. noise = the spread between the two windows of the running arm around the comparison, "
+            "at least 2 %; a number = that fixed share (0 = any lead, the behaviour before 0.2.0) (docs/ADAPTIVE.md).",
+        fix="use 'noise' or a number >= 0, e.g. 0.05")
     defer_injection: bool = _setting(
         True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "

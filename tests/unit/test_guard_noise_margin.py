@@ -63,3 +63,23 @@ def test_the_hysteresis_holds_in_both_directions():
     assert g.best == "off" and g.arm == "off"
     _compare(g, 126, 140, 126)  # the next comparison, after `gap` windows of 'off'
     assert g.best == "plan" and g.arm == "plan"
+
+
+def test_setting_guard_margin_reaches_both_planners_and_a_fixed_margin_ignores_the_spread():
+    """guard_margin: "noise" (default) or a fixed share; a fixed 0 is the old rule (any lead takes over). Both
+    planners (the drafter's controller and the overlap scheduler's) build their guards with it."""
+    from vllm_dflash import settings as S
+    from vllm_dflash.adaptive.controller import AdaptiveController
+    from vllm_dflash.adaptive.lengths import LengthPlanner
+
+    assert S.DFlashSettings().guard_margin == "noise"
+    assert S.resolve({"guard_margin": "0.05"}).guard_margin == 0.05
+    for bad in (-0.1, "lots", float("inf"), True):
+        with pytest.raises(ValueError, match="guard_margin"):
+            S.resolve({"guard_margin": bad})
+    assert AdaptiveController(7, guard_margin=0.0).guard.noise_margin is False
+    assert LengthPlanner(7, guard_margin=0.0).guard(0).min_margin == 0.0
+    assert LengthPlanner(7).guard(0).noise_margin is True
+    g = _guard(min_margin=0.0, noise_margin=False)
+    _compare(g, 100, 103, 92)  # the case the noise margin keeps on the plan
+    assert g.margin == 0.0 and g.best == "off"

@@ -117,7 +117,7 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
 class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
                  clock=time.perf_counter, split_cost: bool = False,
-                 guard_threshold: float = SURE_SPEEDUP):
+                 guard_threshold: float = SURE_SPEEDUP, guard_margin: float | str = "noise"):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
@@ -130,6 +130,7 @@ class AdaptiveController:
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
         self.guard_threshold = guard_threshold  # the guards' sure_speedup (setting guard_threshold)
+        self.guard_margin = guard_margin  # setting guard_margin
         self._bucket = 0  # batch-size bucket of the current step
         self._decided_bucket = -1  # bucket whose guard chose the arm of the previous step
         self.metrics = metrics
@@ -157,7 +158,7 @@ class AdaptiveController:
     @property
     def guard(self) -> SpeculationGuard:
         """The guard of the current batch-size bucket."""
-        return guard_for(self.guards, self._bucket, self.guard_threshold)
+        return guard_for(self.guards, self._bucket, self.guard_threshold, self.guard_margin)
 
     # ------------------------------------------------------------------ synchronous scheduling
     def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,

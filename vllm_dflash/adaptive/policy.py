@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SURE_SPEEDUP = 1.3  # the guard's default threshold (setting guard_threshold has the same default)
+MIN_MARGIN = 0.02  # the guard's least margin between its arms (setting guard_margin "noise")
 SOURCES = ("dflash", "ngram", "merged")  # merged: prompt-lookup tokens first, the DFlash block after them
 # A merged proposal's lookup slots are scored as prompt lookup (they are its tokens); its "merged" rates are those of
 # the block's slots after a lookup, by slot (the block drafts slot j from the anchor whatever the lookup put before).
@@ -348,7 +349,7 @@ class SpeculationGuard:
     ARMS = ("plan", "off")
 
     def __init__(self, window: int = 12, explore_every: int = 4, max_gap: int = 32, ema: float = 0.5,
-                 sure_speedup: float = SURE_SPEEDUP, min_margin: float = 0.02):
+                 sure_speedup: float = SURE_SPEEDUP, min_margin: float = MIN_MARGIN, noise_margin: bool = True):
         self.window, self.explore_every, self.max_gap, self.ema = window, explore_every, max_gap, ema
         self.sure_speedup = sure_speedup
         # hysteresis: the arm that is not the winner must beat it by `margin` (relative) to take over. Each flanked
@@ -356,6 +357,7 @@ class SpeculationGuard:
         # drift between two windows of the same arm is noise (in process at concurrency 8 on the AVX2 EPYC, a 6 %
         # reading turned speculation off for 24 of 88 steps; that machine drifts by 20-30 % between runs)
         self.min_margin = self.margin = min_margin
+        self.noise_margin = noise_margin  # False: a fixed margin `min_margin` (setting guard_margin a number)
         self._winner = "plan"
         self.vouched = False  # a larger batch measured the plan faster than 'off' (`guard_for`)
         self.forecast: float | None = None  # EMA of the plan's forecast speed-up (`predict`)
@@ -428,7 +430,7 @@ class SpeculationGuard:
             first, winner_before = self.rate[other] is None, self.best
             self.rate[self.arm], self.rate[other] = mine, r_other
             spread = 0.0 if self._before is None else abs(self._before - r) / max(mine, 1e-9)
-            self.margin = max(self.min_margin, spread)
+            self.margin = max(self.min_margin, spread) if self.noise_margin else self.min_margin
             self._winner = self.best
             self._explored = self._before = None
             if not first:
@@ -457,13 +459,15 @@ class SpeculationGuard:
         self._since_explore, self._exploring, self._before, self.arm = 0, True, before, other
 
 
-def guard_for(guards: dict[int, SpeculationGuard], bucket: int,
-              sure_speedup: float = SURE_SPEEDUP) -> SpeculationGuard:
-    """The guard of a batch-size bucket (created on first use with `sure_speedup`: setting guard_threshold),
-    `vouched` for while some larger bucket `wins`."""
+def guard_for(guards: dict[int, SpeculationGuard], bucket: int, sure_speedup: float = SURE_SPEEDUP,
+              margin: float | str = "noise") -> SpeculationGuard:
+    """The guard of a batch-size bucket (created on first use with `sure_speedup`: setting guard_threshold, and
+    `margin`: setting guard_margin, "noise" or a fixed number), `vouched` for while some larger bucket `wins`."""
     g = guards.get(bucket)
     if g is None:
-        g = guards[bucket] = SpeculationGuard(sure_speedup=sure_speedup)
+        fixed = not isinstance(margin, str)
+        g = guards[bucket] = SpeculationGuard(sure_speedup=sure_speedup, noise_margin=not fixed,
+                                              min_margin=float(margin) if fixed else MIN_MARGIN)
     g.vouched = any(b > bucket and o.wins for b, o in guards.items())
     return g
 

@@ -33,7 +33,8 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
         from vllm_dflash.settings import from_vllm_config
 
         settings = from_vllm_config(self.vllm_config)
-        self.planner = LengthPlanner(self._k_max, metrics=self._metrics, guard_threshold=settings.guard_threshold)
+        self.planner = LengthPlanner(self._k_max, metrics=self._metrics, guard_threshold=settings.guard_threshold,
+                                     guard_margin=settings.guard_margin)
         self._placeholder_lists = [[-1] * k for k in range(self._k_max + 1)]  # shared read-only, as vLLM's
         self._next_decision: tuple | None = None  # the plan that set the coming step's drafts
         self._decisions: dict[int, tuple | None] = {}  # id(scheduler_output) -> its plan
