@@ -23,8 +23,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_dflash.bench.report import (idle_servers_worst, render_acceptance, render_adaptive,  # noqa: E402
-                                      render_time_split)
+from vllm_dflash.bench.levels import DEFAULT_WAVES  # noqa: E402
+from vllm_dflash.bench.report import (idle_servers_worst, prompts_per_run_text, render_acceptance,  # noqa: E402
+                                      render_adaptive, render_time_split)
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from results_registry import MACHINES, MD_SECTIONS, ORDER, PROVENANCE, SERVING_TITLES  # noqa: E402
@@ -98,6 +99,7 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         if m["prompt_sets"] != BENCH_DEFAULTS["prompt_sets"]:
             cmd.append(f"--prompt-sets {','.join(m['prompt_sets'])}")
         cmd += [f"--concurrency {','.join(map(str, m['concurrency']))}", f"--num-prompts {m['num_prompts']}",
+                *([f"--waves {m.get('waves', 1)}"] if m.get("waves", 1) != DEFAULT_WAVES else []),
                 f"--max-tokens {m['max_tokens']}"]
     eng, lay = m["engine"], m["layout"]
     cmd.append(f"--dtype {eng['dtype']}")
@@ -197,8 +199,7 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
     spec_k = f"{m['num_speculative_tokens']} drafts per step at most" if m["num_speculative_tokens"] else \
         "draft lengths as configured"
     out += [f"- workload: {draft}, {spec_k}, greedy, up to "
-            f"{m['max_tokens']} tokens, prompts per run = max({m['num_prompts']}, concurrency), a different slice "
-            "of each prompt set per concurrency level; streaming OpenAI chat clients",
+            f"{m['max_tokens']} tokens, {prompts_per_run_text(m)}; streaming OpenAI chat clients",
             f"- per-run details (TTFT, TPOT, every output difference): "
             f"[benchmarks/results/{stem}.md](../benchmarks/results/{stem}.md)"]
     if m.get("interleave"):

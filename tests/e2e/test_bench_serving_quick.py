@@ -46,6 +46,8 @@ def test_bench_quick_tiny_pair(pair, tmp_path):
     assert none["time_split_s"]["target_forward"] > 0 and none["time_split_s"]["target_forwards"] > 0
     assert any(k.endswith("/main") for k in none["server_threads_cpu_s"]), none["server_threads_cpu_s"]
     assert res["meta"]["layout"]["omp_num_threads"] == 1 and res["configs"]["ours"]["processes"]
+    # quick: one wave; every wave emptied the server's prefix cache first (/reset_prefix_cache answered, or it raised)
+    assert res["meta"]["waves"] == 1 and res["meta"]["prompts_per_run"] == {"1": 2}
     for f in ("tiny.md", "tiny-speedup.png", "tiny-acceptance.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert "| humaneval | 1 | ours |" in (tmp_path / "tiny.md").read_text()

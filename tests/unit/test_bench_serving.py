@@ -186,16 +186,6 @@ def test_time_split_table():
     assert report.render_time_split([{**row, "time_split_s": None}]) is None
 
 
-def test_levels_get_disjoint_prompt_slices():
-    from vllm_dflash.bench.run import level_slices
-
-    sl = level_slices([1, 8, 32], 4)
-    ids = [set(range(s.start, s.stop)) for s in sl.values()]
-    assert [len(x) for x in ids] == [4, 8, 32]
-    assert not (ids[0] & ids[1]) and not (ids[1] & ids[2]) and not (ids[0] & ids[2])
-    assert max(max(x) for x in ids) == 43  # the warm-up prompt (index 44) lies outside every slice
-
-
 def test_demo_layout_binds_every_core_unless_told_otherwise():
     """The demo's servers: every core bound to the model worker by default (the bench's layout), a layout already
     in the environment wins, 'auto' leaves vLLM's default, and a malformed list names the flag."""
@@ -250,16 +240,6 @@ def test_counter_deltas_of_several_waves_add_up():
     assert stats.sum_deltas(waves) == {"a_total": 5.0, "g": -3.0, "b_total": 1.0}
     sd = stats.spec_decode_delta({}, stats.sum_deltas([({}, {}), ({}, {})]))
     assert sd["drafts"] == 0
-
-
-def test_interleave_rounds_keep_the_concurrency():
-    from vllm_dflash.bench.run import interleave_rounds
-
-    assert interleave_rounds(32, 1, 4) == 4
-    assert interleave_rounds(32, 8, 4) == 4
-    assert interleave_rounds(32, 32, 4) == 1  # a round of fewer than 32 prompts would not hold c32
-    assert interleave_rounds(24, 8, 4) == 3
-    assert interleave_rounds(5, 8, 4) == 1
 
 
 def test_a_run_in_rounds_sums_counters_and_keeps_the_last_gauges():

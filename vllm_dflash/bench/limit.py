@@ -75,6 +75,13 @@ def measure_hardware(threads: int, dtype: torch.dtype, hidden: int, intermediate
                     (tokens, hidden, intermediate))
 
 
+def better(a: Hardware, b: Hardware) -> Hardware:
+    """Two readings of the same machine (e.g. before and after a benchmark): the higher bandwidth and GEMM rate of
+    the two. Each reading is a best of a few short repeats, so a busy moment can pull one far down, never up."""
+    return Hardware(a.threads, max(a.read_gb_s, b.read_gb_s), max(a.gemm_tflops, b.gemm_tflops), a.dtype,
+                    a.gemm_shape)
+
+
 def model_size(model_dir: str | Path, dtype: torch.dtype) -> ModelSize:
     """Parameters of a Hugging Face folder (safetensors headers only, nothing loaded) at `dtype`'s width."""
     import torch

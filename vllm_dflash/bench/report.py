@@ -180,9 +180,7 @@ def render_markdown(result: dict[str, Any]) -> str:
            f"- target: `{m['target']}`; draft: `{m['draft']}`"
            + ("" if m["draft_trained"] else " (**UNTRAINED**: τ ≈ 1 and a slowdown are expected)"),
            f"- workload: greedy (temperature 0), max_tokens {m['max_tokens']}, ignore_eos {m['ignore_eos']}, "
-           f"prompt sets {', '.join(m['prompt_sets'])}, prompts per run = max({m['num_prompts']}, concurrency), "
-           "a different slice of each set per concurrency level (no prompt repeats, so no prefix-cache hits "
-           "between runs), "
+           f"prompt sets {', '.join(m['prompt_sets'])}, {prompts_per_run_text(m)}, "
            f"concurrency {', '.join(map(str, m['concurrency']))}; streaming OpenAI chat clients (asyncio); "
            "one warm-up request per prompt set before measuring",
            f"- engine (every configuration): `vllm serve --dtype {eng['dtype']}"
@@ -313,3 +311,13 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
     return written
+
+
+def prompts_per_run_text(m: dict[str, Any]) -> str:
+    """How a benchmark chose its prompts per run (results before `--waves` used disjoint slices per level)."""
+    if "prompts_per_run" not in m:
+        return (f"prompts per run = max({m['num_prompts']}, concurrency), a different slice of each set per "
+                "concurrency level (no prompt repeats, so no prefix-cache hits between runs)")
+    per = ", ".join(f"c{c}: {n}" for c, n in m["prompts_per_run"].items())
+    return (f"prompts per run {per} (at least {m['waves']} x concurrency, so the batch stays full for most of a "
+            "run), the set's first prompts at every level, the server's prefix cache emptied before each wave")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_dflash import settings
+from vllm_dflash.bench import levels as levels_mod
 from vllm_dflash.bench import limit, stats, waves
 from vllm_dflash.bench.procs import process_layout
 from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY, BenchConfig, select
@@ -33,9 +34,9 @@ _ALL_CORES = f"0-{(os.cpu_count() or 1) - 1}"
 # c1 / c8 / c32 against 32 / 167 / 204 with vLLM's default (the worker on one core), our default drafter higher at
 # every level too. The quick run keeps vLLM's default layout (light on a busy CI machine).
 PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32", "num_prompts": 16, "max_tokens": 256,
-                    "name": "bench_serving", "threads": os.cpu_count() or 1, "cpu_bind": _ALL_CORES},
+                    "waves": levels_mod.DEFAULT_WAVES, "name": "bench_serving", "threads": os.cpu_count() or 1, "cpu_bind": _ALL_CORES},
            "quick": {"configs": "none,vllm-dflash,ours", "concurrency": "1,8", "num_prompts": 2, "max_tokens": 32,
-                     "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
+                     "waves": 1, "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
                                 "adaptive", "cpu_gemv", "cpu_gemm_f32")
@@ -74,8 +75,13 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
     p.add_argument("--prompt-sets", default="humaneval,chat",
                    help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), or JSONL files")
     p.add_argument("--concurrency", default=None, help="comma list of requests in flight (default 1,8,32; quick 1,8)")
-    p.add_argument("--num-prompts", type=int, default=None,
-                   help="prompts per run = max(this, concurrency) (default 16; quick 2)")
+    p.add_argument("--num-prompts", default=None,
+                   help="prompts per run = max(this, --waves x concurrency): one number, or one per concurrency "
+                   "level (e.g. 32,72,96) (default 16; quick 2)")
+    p.add_argument("--waves", type=int, default=None,
+                   help="a run (and an interleaved round) holds at least this many x concurrency prompts, so the "
+                   "batch stays full most of the run instead of draining with its slowest request (bench/levels.py; "
+                   f"1 = a single wave) (default {levels_mod.DEFAULT_WAVES}; quick 1)")
     p.add_argument("--max-tokens", type=int, default=None, help="max output tokens per request (default 256; quick 32)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
     p.add_argument("--num-spec-tokens", type=int, default=None, help="DFlash drafts per step (default: block size - 1)")
@@ -129,19 +135,6 @@ def load_prompt_set(name: str, n: int) -> list[dict[str, Any]]:
 
         assert all(split_of(it["id"]) == "eval" for it in items), "chat eval prompts must come from the held-out split"
     return [it if "messages" in it else {**it, "messages": [{"role": "user", "content": it["prompt"]}]} for it in items]
-
-
-def level_slices(levels: list[int], num_prompts: int) -> dict[int, slice]:
-    """A disjoint slice of the prompt set per concurrency level (max(num_prompts, c) prompts each), in level order.
-    No prompt repeats across levels: a repeated prompt hits the prefix cache, and how much a configuration gains
-    from that (vLLM recomputes the last cached block for hidden-state drafters) is not what a level measures.
-    The warm-up request uses the prompt after the last slice."""
-    out, start = {}, 0
-    for c in levels:
-        n = max(num_prompts, c)
-        out[c] = slice(start, start + n)
-        start += n
-    return out
 
 
 def resolve_draft(draft: str | None, target: Path, default_target: bool = True) -> tuple[Path, bool]:
@@ -243,6 +236,7 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
     return {"name": a.name, "quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "target": str(target), "draft": str(draft) if draft else None, "draft_trained": trained,
             "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
+            "waves": a.waves, "prompts_per_run": {str(c): n for c, n in a.prompts_per_run.items()},
             "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
             "engine": {"dtype": dtype, "enforce_eager": a.enforce_eager, "max_model_len": a.max_model_len,
                        "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib,
@@ -327,7 +321,7 @@ def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts:
         return []
     runs = []
     try:
-        slices = level_slices(levels, a.num_prompts)
+        slices = levels_mod.level_slices(a.prompts_per_run)
         for ps, items in prompts.items():
             for c in levels:
                 runs.append(_finish_run(_one_run(server, cfg, ps, items[slices[c]], c, a), server, cfg,
@@ -335,12 +329,6 @@ def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts:
     finally:
         server.stop()
     return runs
-
-
-def interleave_rounds(n_prompts: int, c: int, rounds: int) -> int:
-    """Rounds a run of n_prompts at concurrency c is split into: at most `rounds`, and each round keeps at least c
-    prompts (a round of fewer would not hold the concurrency)."""
-    return max(1, min(rounds, n_prompts // max(c, 1)))
 
 
 def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], entries: dict[str, dict[str, Any]],
@@ -356,11 +344,11 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
             if _start_and_warm(server, cfgs[name], entries[name], prompts, a, t_start):
                 live.append(name)
         runs = []
-        slices = level_slices(levels, a.num_prompts)
+        slices = levels_mod.level_slices(a.prompts_per_run)
         for ps, items in prompts.items():
             for c in levels:
                 its = items[slices[c]]
-                n = interleave_rounds(len(its), c, a.interleave)
+                n = levels_mod.interleave_rounds(len(its), c, a.interleave, a.waves)
                 chunks = [its[r::n] for r in range(n)]
                 waves_of: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
                 failed: dict[str, dict[str, Any]] = {}
@@ -408,7 +396,7 @@ def run_from_args(a: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     preset = PRESETS["quick" if a.quick else "full"]
-    for k in ("configs", "concurrency", "num_prompts", "max_tokens", "name", "threads", "cpu_bind"):
+    for k in ("configs", "concurrency", "num_prompts", "waves", "max_tokens", "name", "threads", "cpu_bind"):
         if getattr(a, k) is None:
             setattr(a, k, preset[k])
     if a.cpu_bind == "auto":
@@ -433,18 +421,22 @@ def run_from_args(a: argparse.Namespace) -> int:
             raise ValueError(f"bench: ours-hinted needs a hinted draft; {str(hinted)!r} is not one (no config.json "
                              "with dflash_config.hint_ngram). Fix: --hinted-draft <folder of a draft trained with "
                              "`vllm-dflash train --hints 2 4`>")
-    need = max(s.stop for s in level_slices(levels, a.num_prompts).values()) + 1  # the slices + the warm-up prompt
+    a.prompts_per_run = levels_mod.prompts_per_run(levels, levels_mod.parse_num_prompts(a.num_prompts, levels),
+                                                   a.waves)
+    need = levels_mod.prompts_needed(a.prompts_per_run)  # the largest level + the warm-up prompt
     prompts = {ps: load_prompt_set(ps, need) for ps in prompt_sets}
     for ps, items in prompts.items():
         if len(items) < need:
-            raise ValueError(f"bench: prompt set {ps!r} has {len(items)} prompts, the levels {levels} with "
-                             f"--num-prompts {a.num_prompts} need {need} distinct ones. Fix: fewer prompts or levels")
+            raise ValueError(f"bench: prompt set {ps!r} has {len(items)} prompts; {a.prompts_per_run} prompts per "
+                             f"level (--num-prompts {a.num_prompts}, --waves {a.waves}) need {need}. Fix: fewer "
+                             "prompts, fewer --waves or lower concurrency")
     max_num_seqs, dtype = a.max_num_seqs or max(levels), a.dtype or default_dtype()
     log_dir = Path(a.log_dir or Path(a.out_dir) / "logs" / a.name)
     log_dir.mkdir(parents=True, exist_ok=True)
     base_env: dict[str, str | None] = {"OMP_NUM_THREADS": str(a.threads), "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib),
                                        "TOKENIZERS_PARALLELISM": "false", **{e: None for e in PLUGIN_ENV},
-                                       "DFLASH_PROFILE": "1"}  # target forward timed (with our drafter)
+                                       "DFLASH_PROFILE": "1",  # target forward timed (with our drafter)
+                                       "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache before each wave (waves.py)
     if a.cpu_bind:
         base_env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpu_bind
     if a.cpu_gemv is not None:
@@ -484,6 +476,10 @@ def run_from_args(a: argparse.Namespace) -> int:
         result["runs"] = _bench_interleaved(servers, {c.name: c for c in configs}, result["configs"], prompts, levels,
                                             a, t_start, baseline, tokenizer)
     stats.attach_baseline(result["runs"])
+    # measured again with every server stopped; the better reading of each side counts (a disturbed 60 ms of
+    # GEMMs once read 29 GFLOP/s against 150 on the same machine)
+    hw = limit.better(hw, _hardware(target, dtype, a.threads)[0])
+    meta["limit"] = limit.hardware_record(hw, size, limit.l3_bytes())
     attach_limits(result, hw, size)
     result["losslessness"] = _losslessness(result["runs"])
     meta["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]

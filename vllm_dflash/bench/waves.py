@@ -33,11 +33,14 @@ def measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
              others: dict[str, Any] | None = None) -> dict[str, Any]:
     """One wave of requests against one server: the requests, the /metrics scrapes around them, the load average,
     the CPU seconds the `others` (servers left idle meanwhile, interleaved mode, by configuration name) used during
-    it, and every process outside the measured server that used CPU meanwhile (what competed with it)."""
+    it, and every process outside the measured server that used CPU meanwhile (what competed with it). The server's
+    prefix cache is emptied first (its prompts may have run at an earlier level)."""
     from vllm_dflash.bench.client import run_load
 
     others = others or {}
     before = settled_metrics(server)
+    # levels share prompts (bench/levels.py): a prompt an earlier wave sent must not come from the prefix cache
+    server.reset_prefix_cache()
     load0 = os.getloadavg()[0]
     idle0 = [group_cpu_s(o.proc.pid) for o in others.values()]
     threads0 = group_thread_cpu_s(server.proc.pid)

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,3 +127,20 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self.metrics_text())
+
+    def reset_prefix_cache(self, attempts: int = 10) -> None:
+        """Empty the server's prefix cache (vLLM's POST /reset_prefix_cache, served when the server runs with
+        VLLM_SERVER_DEV_MODE=1). vLLM refuses while blocks are still held (success false): retried briefly."""
+        for _ in range(attempts):
+            req = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    if json.loads(r.read().decode() or "{}").get("success", True):
+                        return
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    raise RuntimeError("the server has no /reset_prefix_cache. Fix: start it with "
+                                       "VLLM_SERVER_DEV_MODE=1 in its environment") from None
+                raise
+            time.sleep(0.5)
+        raise RuntimeError(f"vllm serve refused to reset its prefix cache {attempts} times (blocks still held)")
