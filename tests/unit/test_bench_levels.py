@@ -91,3 +91,13 @@ def test_prefix_cache_reset_without_dev_mode_names_the_fix(endpoint):
     _Endpoint.answers = [(404, {"detail": "Not Found"})]
     with pytest.raises(RuntimeError, match="VLLM_SERVER_DEV_MODE=1"):
         _server(endpoint).reset_prefix_cache()
+
+
+def test_each_configuration_starts_in_turn():
+    names = ["none", "ngram", "ours"]
+    assert levels.rotation(names, 0) == names
+    assert levels.rotation(names, 1) == ["ngram", "ours", "none"]
+    assert levels.rotation(names, 5) == ["ours", "none", "ngram"]
+    assert levels.rotation([], 3) == []
+    # a level in one round (c32) after two levels of three rounds starts with the configuration whose turn it is
+    assert levels.rotation(names, 3 + 3)[0] == "none" and levels.rotation(names, 3 + 3 + 1)[0] == "ngram"

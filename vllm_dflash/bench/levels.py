@@ -56,3 +56,12 @@ def interleave_rounds(n_prompts: int, c: int, rounds: int, waves: int = 1) -> in
     """Rounds a run of n_prompts at concurrency c is split into: at most `rounds`, and each round keeps at least
     waves x c prompts (a round of fewer would not hold the concurrency for most of its time)."""
     return max(1, min(rounds, n_prompts // max(waves * c, 1)))
+
+
+def rotation(names: list[str], turn: int) -> list[str]:
+    """The order configurations run in at round `turn` of an interleaved benchmark: `names` rotated by turn, so
+    each one starts in turn (a machine that drifts within a round does not always favour the same one)."""
+    if not names:
+        return []
+    k = turn % len(names)
+    return names[k:] + names[:k]

@@ -34,7 +34,8 @@ _ALL_CORES = f"0-{(os.cpu_count() or 1) - 1}"
 # c1 / c8 / c32 against 32 / 167 / 204 with vLLM's default (the worker on one core), our default drafter higher at
 # every level too. The quick run keeps vLLM's default layout (light on a busy CI machine).
 PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32", "num_prompts": 16, "max_tokens": 256,
-                    "waves": levels_mod.DEFAULT_WAVES, "name": "bench_serving", "threads": os.cpu_count() or 1, "cpu_bind": _ALL_CORES},
+                    "waves": levels_mod.DEFAULT_WAVES, "name": "bench_serving", "threads": os.cpu_count() or 1,
+                    "cpu_bind": _ALL_CORES},
            "quick": {"configs": "none,vllm-dflash,ours", "concurrency": "1,8", "num_prompts": 2, "max_tokens": 32,
                      "waves": 1, "name": "bench_serving_quick", "threads": 1, "cpu_bind": "auto"}}
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
@@ -50,7 +51,8 @@ LAYOUT = (PROCESSES + ", one process group per configuration, started one after 
           "client (asyncio, one process) runs on the same machine")
 LAYOUT_INTERLEAVED = (PROCESSES + ", one process group per configuration, **all up at once and interleaved**: per "
                       "prompt set and concurrency level the configurations run back to back, the prompts split into "
-                      "up to {rounds} rounds (each of at least `concurrency` prompts), the order rotated per round; "
+                      "up to {rounds} rounds (each of at least {waves} x `concurrency` prompts), the order rotated "
+                      "by one with every round, across levels too; "
                       "a run's wall time is the sum of its rounds; the CPU time idle servers used meanwhile is "
                       "recorded per run; the benchmark client (asyncio, one process) runs on the same machine")
 
@@ -246,7 +248,8 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "layout": {"omp_num_threads": a.threads,
                        "cpu_bind": a.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto (vLLM default)"),
                        "ld_preload": os.environ.get("LD_PRELOAD", ""),
-                       "description": LAYOUT_INTERLEAVED.format(rounds=a.interleave) if a.interleave else LAYOUT},
+                       "description": (LAYOUT_INTERLEAVED.format(rounds=a.interleave, waves=a.waves) if a.interleave
+                                       else LAYOUT)},
             "interleave": a.interleave, "spec_extra": list(a.spec_extra), "env_extra": list(a.env),
             "machine": _machine(),
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
@@ -345,7 +348,8 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                 live.append(name)
         runs = []
         slices = levels_mod.level_slices(a.prompts_per_run)
-        for ps, items in prompts.items():
+        runs_done = 0  # the first configuration's turn moves on with every run, so a level in one round (c32) does
+        for ps, items in prompts.items():  # not always start with the same configuration
             for c in levels:
                 its = items[slices[c]]
                 n = levels_mod.interleave_rounds(len(its), c, a.interleave, a.waves)
@@ -353,7 +357,7 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                 waves_of: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
                 failed: dict[str, dict[str, Any]] = {}
                 for r, chunk in enumerate(chunks):
-                    for name in live[r % len(live):] + live[: r % len(live)]:
+                    for name in levels_mod.rotation(live, runs_done + r):
                         if name in failed:
                             continue
                         others = {o: servers[o] for o in live if o != name}
@@ -362,6 +366,7 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                             waves_of[name].append(waves.measure(servers[name], chunk, c, a, others))
                         except Exception as e:  # noqa: BLE001 - one failed run is recorded, the rest go on
                             failed[name] = _failed(name, ps, c, len(its), e)
+                runs_done += n
                 for name in sorted(live, key=lambda x: x != "none"):  # none first: the others are explained against it
                     run = failed.get(name) or waves.summarize(cfgs[name], ps, c, waves_of[name])
                     runs.append(_finish_run(run, servers[name], cfgs[name], its, baseline, tokenizer, t_start))
