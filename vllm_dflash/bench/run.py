@@ -449,8 +449,7 @@ def run_from_args(a: argparse.Namespace) -> int:
         base_env[settings.env_name("cpu_gemv")] = a.cpu_gemv
     meta = _meta(a, target, draft, trained, k, levels, prompt_sets, dtype, max_num_seqs)
     meta["hinted_draft"] = str(hinted) if hinted else None
-    hw, size = _hardware(target, dtype, a.threads)
-    meta["limit"] = limit.hardware_record(hw, size, limit.l3_bytes())
+    hw, size = _hardware(target, dtype, a.threads)  # the first reading, while the machine is quiet
     result: dict[str, Any] = {"meta": meta, "configs": {}, "runs": []}
     from transformers import AutoTokenizer
 
