@@ -552,6 +552,15 @@ CONTRACTS: tuple[Contract, ...] = (
                  Sig("precompute_and_store_context_kv", ("context_states", "context_positions",
                                                          "context_slot_mapping"))),
         scope="tests"),
+    Contract(
+        "vllm.entrypoints.serve.dev.cache.api_router:reset_prefix_cache", "function",
+        "serve/server.py, bench/waves.py",
+        "`POST /reset_prefix_cache` before each benchmark wave (the servers run with `VLLM_SERVER_DEV_MODE=1`), so a "
+        "prompt an earlier level sent is not served from the cache",
+        "served only in dev mode (404 otherwise: `Server.reset_prefix_cache` names the fix); answers "
+        "`{\"success\": false}` while blocks are held, so it is retried",
+        params=("raw_request", "reset_running_requests", "reset_external"), source=('"/reset_prefix_cache"',),
+        scope="tests", test="tests/e2e/test_bench_serving_quick.py"),
     # ---------------------------------------------------------------- Ray on CPU (backend "ray", patches/ray_cpu.py)
     Contract(
         "vllm.v1.executor.ray_executor_v2:RayExecutorV2", "class", "integration/ray_cpu_executor.py",
