@@ -65,3 +65,18 @@ def rotation(names: list[str], turn: int) -> list[str]:
         return []
     k = turn % len(names)
     return names[k:] + names[:k]
+
+
+def round_chunks(items: list, c: int, rounds: int, waves: int = 1, min_rounds: int = 1) -> list[list]:
+    """The prompts of each interleaved round of one level: `items` split into `interleave_rounds` rounds (round r takes
+    items r, r + n, ...), or, when that gives fewer than `min_rounds` (a level too large for the prompt set to split,
+    c32 on 96-102 prompts), all of `items` again in each of `min_rounds` rounds. Every configuration sends round r's
+    prompts back to back, so a round pairs them (their ratio) and the rounds' spread shows the machine's drift; the
+    prefix cache is reset before each wave, so a repeated prompt is computed again."""
+    if min_rounds < 1:
+        raise ValueError(f"--min-rounds {min_rounds}: must be at least 1. Fix: --min-rounds 2")
+    n = interleave_rounds(len(items), c, rounds, waves)
+    if n < min_rounds:
+        return [list(items) for _ in range(min_rounds)]
+    return [items[r::n] for r in range(n)]
+

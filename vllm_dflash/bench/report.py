@@ -49,12 +49,22 @@ def render_table(runs: list[dict[str, Any]]) -> str:
         load = "–" if not r.get("loadavg_1m") else "{:.1f}–{:.1f}".format(*r["loadavg_1m"])  # machine noise
         same = "–" if vs is None else _exact_cell(vs, r.get("exactness"))
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {_f(r['output_tok_s'])} "
-                     f"| {_f(r.get('speedup'), '{:.2f}×')} | {_f(sd.get('tau'), '{:.2f}')} "
+                     f"| {speedup_cell(r)} | {_f(sd.get('tau'), '{:.2f}')} "
                      f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_f(r.get('tokens_per_chunk'), '{:.2f}')} "
                      f"| {_limit_cells(r.get('limit'))} "
                      f"| {_pcts(r['ttft_ms'])} "
                      f"| {_pcts(r['tpot_ms'])} | {same} | {load} |")
     return "\n".join(lines)
+
+
+def speedup_cell(r: dict[str, Any]) -> str:
+    """'1.04×', with the lowest and highest per-round speed-up after it when the run was interleaved in rounds
+    ('1.04× (0.98–1.09)': stats.paired_ratios)."""
+    cell = _f(r.get("speedup"), "{:.2f}×")
+    rounds = r.get("speedup_rounds")
+    if rounds and r.get("config") != "none":
+        cell += f" ({min(rounds):.2f}–{max(rounds):.2f})"
+    return cell
 
 
 def _limit_cells(lim: dict[str, Any] | None) -> str:
@@ -219,7 +229,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         env = ", ".join(f"{k}={v}" for k, v in c["env"].items()) or "–"
         spec = f"`{json.dumps(c['speculative_config'])}`" if c["speculative_config"] else "–"
         out.append(f"| {name} | {c['description']} | {spec} | {env} | {status} |")
-    out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency; "
+    out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency (in "
+            "brackets, for a run in interleaved rounds: the lowest and highest speed-up of a single round, each round "
+            "sending the same prompts to every configuration back to back, so their spread is how far the machine's "
+            "drift moves the figure); "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
             "with a fixed block every decode step verifies drafts, so τ is it there); tokens / chunk = completion tokens / "
@@ -282,10 +295,14 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
     for ax, ps in zip(axes[0], sets):
         for cfg in dict.fromkeys(r["config"] for r in runs if r["config"] != "none"):
-            pts = sorted((r["concurrency"], r["speedup"]) for r in runs
-                         if r["prompt_set"] == ps and r["config"] == cfg and r.get("speedup") is not None)
+            pts = sorted(((r["concurrency"], r["speedup"], r.get("speedup_rounds")) for r in runs
+                          if r["prompt_set"] == ps and r["config"] == cfg and r.get("speedup") is not None),
+                         key=lambda p: p[0])
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=cfg, color=color.get(cfg))
+                for c, _, rounds in pts:  # the per-round spread (interleaved runs): a vertical bar at the point
+                    if rounds:
+                        ax.vlines(c, min(rounds), max(rounds), color=color.get(cfg), linewidth=1, alpha=0.6)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="none")
         ax.set_xscale("log", base=2)
         ax.set_xticks(result["meta"]["concurrency"], [str(c) for c in result["meta"]["concurrency"]])

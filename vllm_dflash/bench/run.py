@@ -118,6 +118,10 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
                         "run back to back, the prompts split into up to ROUNDS rounds (each keeps >= concurrency "
                         "prompts) in a rotated order, so a machine whose speed drifts slows them alike. Memory: every "
                         "server at once (about --kv-cache-gib + 2 GiB each) (default: 0, one server after another)")
+    p.add_argument("--min-rounds", type=int, default=1, metavar="R",
+                   help="with --interleave: a level whose prompts split into fewer than R rounds sends all of them "
+                        "in each of R rounds instead, so it too gets paired per-round speed-ups (their spread is "
+                        "the machine's drift; R x the level's time) (default: 1)")
     p.add_argument("--fail-on-mismatch", action="store_true",
                    help="exit 3 when a greedy output differs from none beyond a numerical near-tie (float32: any "
                         "difference; bf16: a top-2 logprob margin above vllm_dflash.exactness.NEAR_TIE_NATS)")
@@ -250,7 +254,8 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
                        "ld_preload": os.environ.get("LD_PRELOAD", ""),
                        "description": (LAYOUT_INTERLEAVED.format(rounds=a.interleave, waves=a.waves) if a.interleave
                                        else LAYOUT)},
-            "interleave": a.interleave, "spec_extra": list(a.spec_extra), "env_extra": list(a.env),
+            "interleave": a.interleave, "min_rounds": getattr(a, "min_rounds", 1),
+            "spec_extra": list(a.spec_extra), "env_extra": list(a.env),
             "machine": _machine(),
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
 
@@ -352,8 +357,8 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
         for ps, items in prompts.items():  # not always start with the same configuration
             for c in levels:
                 its = items[slices[c]]
-                n = levels_mod.interleave_rounds(len(its), c, a.interleave, a.waves)
-                chunks = [its[r::n] for r in range(n)]
+                chunks = levels_mod.round_chunks(its, c, a.interleave, a.waves, getattr(a, "min_rounds", 1))
+                n = len(chunks)
                 waves_of: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
                 failed: dict[str, dict[str, Any]] = {}
                 for r, chunk in enumerate(chunks):

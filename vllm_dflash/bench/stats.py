@@ -67,6 +67,26 @@ def throughput_of_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, float]
             "tokens_per_chunk": tokens / chunks if chunks else None}
 
 
+def round_throughputs(rounds: list[list[dict[str, Any]]]) -> list[float]:
+    """Output tok/s of each round on its own (tokens over the round's span): round r of every configuration at one
+    prompt set and concurrency sends the same prompts, back to back, so the ratio of two configurations' round r is a
+    paired measurement, and its spread over the rounds shows how far machine drift moves a speed-up."""
+    out = []
+    for rd in rounds:
+        span = max(r["t_end"] for r in rd) - min(r["t_start"] for r in rd) if rd else 0.0
+        out.append(sum(r["completion_tokens"] for r in rd) / span if span > 0 else 0.0)
+    return out
+
+
+def paired_ratios(run: dict[str, Any], base: dict[str, Any]) -> list[float] | None:
+    """Per-round speed-ups of `run` over `base` (`round_throughputs` of both, round by round), or None when either
+    ran in one round, their round counts differ (a failed run) or a baseline round measured nothing."""
+    a, b = run.get("round_tok_s"), base.get("round_tok_s")
+    if not a or not b or len(a) < 2 or len(a) != len(b) or not all(x > 0 for x in b):
+        return None
+    return [round(x / y, 4) for x, y in zip(a, b)]
+
+
 def sum_deltas(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, float]:
     """Counter deltas of several (before, after) /metrics scrapes of one server, summed per series: the `after` of a
     run measured in rounds (compare it with an empty `before`). Only counters and histogram sums / counts are
@@ -128,4 +148,5 @@ def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none") -> None:
             r["speedup"], r["vs_baseline"] = None, None
             continue
         r["speedup"] = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] > 0 else None
+        r["speedup_rounds"] = paired_ratios(r, b)  # per interleaved round: the speed-up's spread under drift
         r["vs_baseline"] = None if r is b else compare_outputs(b["outputs"], r["outputs"])

@@ -64,6 +64,8 @@ def summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) ->
                            "ok": True, "rounds": len(waves)}
     run.update(**stats.throughput_of_rounds([w["reqs"] for w in waves]), **stats.request_latencies(reqs),
                loadavg_1m=[waves[0]["load"][0], waves[-1]["load"][1]])
+    if len(waves) > 1:  # interleaved rounds: each one's own tok/s, paired with the baseline's (stats.paired_ratios)
+        run["round_tok_s"] = [round(x, 3) for x in stats.round_throughputs([w["reqs"] for w in waves])]
     if any(w["idle_cpu_s"] is not None for w in waves):  # other servers were up (interleaved mode)
         run["idle_servers_cpu_s"] = round(sum(w["idle_cpu_s"] or 0.0 for w in waves), 2)
     run["server_threads_cpu_s"] = _sum_per_name(waves, "threads_cpu_s", 3)  # this server, per process/thread name
