@@ -120,6 +120,8 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append(f"--cpu-gemv {eng['cpu_gemv']}")
     if m.get("interleave"):
         cmd.append(f"--interleave {m['interleave']}")
+        if m.get("min_rounds", 1) > 1:
+            cmd.append(f"--min-rounds {m['min_rounds']}")
     cmd += [f"--spec-extra {x}" for x in m.get("spec_extra", [])] + [f"--env {x}" for x in m.get("env_extra", [])]
     if m.get("hinted_draft") and "ours-hinted" in configs:
         cmd.append(f"--hinted-draft {Path(m['hinted_draft']).name}")
@@ -138,6 +140,8 @@ def _cell(r: dict[str, Any] | None, best: bool) -> str:
     sd = r.get("spec_decode") or {}
     sp = r.get("speedup")
     head = "–" if sp is None else (f"**{sp:.2f}×**" if best else f"{sp:.2f}×")
+    if sp is not None and r.get("speedup_rounds"):  # interleaved rounds: the lowest and highest round's speed-up
+        head += f" ({min(r['speedup_rounds']):.2f}–{max(r['speedup_rounds']):.2f})"
     tau = f"τ {sd['tau']:.2f}" if sd.get("tau") is not None else "no drafts"
     tpf = sd.get("tokens_per_forward")
     if tpf is not None:
@@ -210,13 +214,19 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
                        f"c{c} {n}" for c, n in sorted({r["concurrency"]: r.get("rounds", 1) for r in result["runs"]
                                                         if r.get("ok")}.items()))
                    + ") in an order rotated per round; a run's wall time is the sum of its rounds"
+                   + (f"; a level whose prompts could not be split into {m['min_rounds']} rounds sent all of them in "
+                      f"each of {m['min_rounds']} rounds (`--min-rounds`)" if m.get("min_rounds", 1) > 1 else "")
                    + (f"; idle servers used at most {worst[2]:.1f} % of the machine during a run" if worst else ""))
     out += [""]
     out += ["Cells: output tok/s for `none`; for the others speedup over `none` at the same prompt set and "
             "concurrency · tokens per target forward, every request-step counted (vLLM's τ, per step that "
             "verified drafts). Tokens per forward is counted by adaptive drafting; marked ≈ it is derived from "
             "vLLM's counters as generated / (generated − accepted), since each request-step yields one token plus "
-            "its accepted drafts. Best speedup per column in bold.", "", pivot(result), "",
+            "its accepted drafts. Best speedup per column in bold." + (
+                " In brackets: the lowest and highest speedup of a single interleaved round (each round sends the "
+                "same prompts to every configuration back to back, so the spread is how far the machine's drift "
+                "moved the figure)." if any(r.get("speedup_rounds") for r in result["runs"]) else ""),
+            "", pivot(result), "",
             f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}.", ""]
     lim = limit_table(result)
     if lim:
