@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vllm_dflash.bench.levels import DEFAULT_WAVES  # noqa: E402
-from vllm_dflash.bench.report import (idle_servers_worst, prompts_per_run_text, render_acceptance,  # noqa: E402
-                                      render_adaptive, render_time_split)
+from vllm_dflash.bench.report import (ROUND_SPREAD_NOTE, idle_servers_worst, prompts_per_run_text,  # noqa: E402
+                                      render_acceptance, render_adaptive, render_time_split, round_spread)
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from results_registry import MACHINES, MD_SECTIONS, ORDER, PROVENANCE, SERVING_TITLES  # noqa: E402
@@ -140,8 +140,8 @@ def _cell(r: dict[str, Any] | None, best: bool) -> str:
     sd = r.get("spec_decode") or {}
     sp = r.get("speedup")
     head = "–" if sp is None else (f"**{sp:.2f}×**" if best else f"{sp:.2f}×")
-    if sp is not None and r.get("speedup_rounds"):  # interleaved rounds: the lowest and highest round's speed-up
-        head += f" ({min(r['speedup_rounds']):.2f}–{max(r['speedup_rounds']):.2f})"
+    if sp is not None:
+        head += round_spread(r)  # interleaved rounds: the lowest and highest round's speed-up
     tau = f"τ {sd['tau']:.2f}" if sd.get("tau") is not None else "no drafts"
     tpf = sd.get("tokens_per_forward")
     if tpf is not None:
@@ -223,9 +223,8 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
             "verified drafts). Tokens per forward is counted by adaptive drafting; marked ≈ it is derived from "
             "vLLM's counters as generated / (generated − accepted), since each request-step yields one token plus "
             "its accepted drafts. Best speedup per column in bold." + (
-                " In brackets: the lowest and highest speedup of a single interleaved round (each round sends the "
-                "same prompts to every configuration back to back, so the spread is how far the machine's drift "
-                "moved the figure)." if any(r.get("speedup_rounds") for r in result["runs"]) else ""),
+                f" {ROUND_SPREAD_NOTE[0].upper()}{ROUND_SPREAD_NOTE[1:]}."
+                if any(r.get("speedup_rounds") for r in result["runs"]) else ""),
             "", pivot(result), "",
             f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}.", ""]
     lim = limit_table(result)

@@ -57,14 +57,21 @@ def render_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def speedup_cell(r: dict[str, Any]) -> str:
-    """'1.04×', with the lowest and highest per-round speed-up after it when the run was interleaved in rounds
-    ('1.04× (0.98–1.09)': stats.paired_ratios)."""
-    cell = _f(r.get("speedup"), "{:.2f}×")
+ROUND_SPREAD_NOTE = ("in brackets, for a run in interleaved rounds: the lowest and highest speed-up of a single round, "
+                     "each round sending the same prompts to every configuration back to back, so their spread is how "
+                     "far the machine's drift moves the figure")
+
+
+def round_spread(r: dict[str, Any]) -> str:
+    """' (0.98–1.09)': the lowest and highest per-round speed-up of a run interleaved in rounds
+    (stats.paired_ratios), or '' for a run without paired rounds."""
     rounds = r.get("speedup_rounds")
-    if rounds and r.get("config") != "none":
-        cell += f" ({min(rounds):.2f}–{max(rounds):.2f})"
-    return cell
+    return f" ({min(rounds):.2f}–{max(rounds):.2f})" if rounds else ""
+
+
+def speedup_cell(r: dict[str, Any]) -> str:
+    """'1.04×', with `round_spread` after it ('1.04× (0.98–1.09)')."""
+    return _f(r.get("speedup"), "{:.2f}×") + round_spread(r)
 
 
 def _limit_cells(lim: dict[str, Any] | None) -> str:
@@ -229,10 +236,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         env = ", ".join(f"{k}={v}" for k, v in c["env"].items()) or "–"
         spec = f"`{json.dumps(c['speculative_config'])}`" if c["speculative_config"] else "–"
         out.append(f"| {name} | {c['description']} | {spec} | {env} | {status} |")
-    out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency (in "
-            "brackets, for a run in interleaved rounds: the lowest and highest speed-up of a single round, each round "
-            "sending the same prompts to every configuration back to back, so their spread is how far the machine's "
-            "drift moves the figure); "
+    out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency ("
+            + ROUND_SPREAD_NOTE + "); "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
             "with a fixed block every decode step verifies drafts, so τ is it there); tokens / chunk = completion tokens / "

@@ -254,7 +254,7 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
                        "ld_preload": os.environ.get("LD_PRELOAD", ""),
                        "description": (LAYOUT_INTERLEAVED.format(rounds=a.interleave, waves=a.waves) if a.interleave
                                        else LAYOUT)},
-            "interleave": a.interleave, "min_rounds": getattr(a, "min_rounds", 1),
+            "interleave": a.interleave, "min_rounds": a.min_rounds,
             "spec_extra": list(a.spec_extra), "env_extra": list(a.env),
             "machine": _machine(),
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
@@ -357,7 +357,7 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
         for ps, items in prompts.items():  # not always start with the same configuration
             for c in levels:
                 its = items[slices[c]]
-                chunks = levels_mod.round_chunks(its, c, a.interleave, a.waves, getattr(a, "min_rounds", 1))
+                chunks = levels_mod.round_chunks(its, c, a.interleave, a.waves, a.min_rounds)
                 n = len(chunks)
                 waves_of: dict[str, list[dict[str, Any]]] = {name: [] for name in live}
                 failed: dict[str, dict[str, Any]] = {}

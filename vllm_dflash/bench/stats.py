@@ -68,14 +68,10 @@ def throughput_of_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, float]
 
 
 def round_throughputs(rounds: list[list[dict[str, Any]]]) -> list[float]:
-    """Output tok/s of each round on its own (tokens over the round's span): round r of every configuration at one
+    """Output tok/s of each round on its own (`throughput` of its requests): round r of every configuration at one
     prompt set and concurrency sends the same prompts, back to back, so the ratio of two configurations' round r is a
     paired measurement, and its spread over the rounds shows how far machine drift moves a speed-up."""
-    out = []
-    for rd in rounds:
-        span = max(r["t_end"] for r in rd) - min(r["t_start"] for r in rd) if rd else 0.0
-        out.append(sum(r["completion_tokens"] for r in rd) / span if span > 0 else 0.0)
-    return out
+    return [throughput(rd)["output_tok_s"] for rd in rounds]
 
 
 def paired_ratios(run: dict[str, Any], base: dict[str, Any]) -> list[float] | None:
@@ -148,5 +144,6 @@ def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none") -> None:
             r["speedup"], r["vs_baseline"] = None, None
             continue
         r["speedup"] = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] > 0 else None
-        r["speedup_rounds"] = paired_ratios(r, b)  # per interleaved round: the speed-up's spread under drift
+        # per interleaved round: the speed-up's spread under drift (the baseline's own ratios would all be 1)
+        r["speedup_rounds"] = None if r is b else paired_ratios(r, b)
         r["vs_baseline"] = None if r is b else compare_outputs(b["outputs"], r["outputs"])
