@@ -3,48 +3,8 @@
 integration/seam.py checks it at registration and renders docs/CONTRACTS.md from it. Imports neither vLLM nor torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-KINDS = ("module", "class", "function", "method", "attribute")
-# serve: needed to run DFlash (checked at registration: a problem disables DFlash); ray: RayCpuExecutor's internals
-# (used only with backend "ray" on CPU; importing them imports ray, too slow for every process); tests: read by tests
-# and benchmarks only. ray and tests are checked by `--check` and tests/vllm/test_seam.py, never at registration.
-SCOPES = ("serve", "ray", "tests")
-
-
-@dataclass(frozen=True)
-class Sig:
-    """A method of a class contract: its parameter names (self / cls dropped). exact: we override or replace it with
-    a function of our own (the names must match one for one); otherwise we call it (our names must still be
-    parameters, in this order, and any new parameter must be optional)."""
-
-    name: str
-    params: tuple[str, ...]
-    exact: bool = False
-
-
-@dataclass(frozen=True)
-class Contract:
-    symbol: str  # "module" or "module:Qual.name" (rendered dotted)
-    kind: str  # one of KINDS
-    ours: str  # our file(s) relying on it
-    use: str  # how we use it
-    contract: str  # what we rely on
-    params: tuple[str, ...] | None = None  # function / method: parameter names (self / cls dropped)
-    exact: bool = False  # params must match one for one (we override / replace it)
-    methods: tuple[Sig, ...] = ()  # class: methods we call or override
-    # members that must exist: on a class (class attribute, property, dataclass field, or `self.<name>` assigned in a
-    # method of the class or a vLLM base class); on a method's class; on a module or an object
-    attrs: tuple[str, ...] = ()
-    source: tuple[str, ...] = ()  # text that must appear in the function's source (else in its module's source)
-    patch: str | None = None  # the module in integration/patches/ that patches it (the ledger)
-    test: str = ""  # the test that shows the contract holds / why the patch is needed
-    scope: str = "serve"
-
-    @property
-    def dotted(self) -> str:
-        return self.symbol.replace(":", ".")
-
+from vllm_dflash.integration.contract_types import KINDS, SCOPES, Contract, Sig  # noqa: F401 (re-exported)
+from vllm_dflash.integration.contracts_ray import RAY_CONTRACTS
 
 _ADAPTIVE_TEST = "tests/vllm/test_vllm_adaptive.py"
 _KV_TEST = "tests/vllm/test_kv_injection_vllm.py"
@@ -561,48 +521,4 @@ CONTRACTS: tuple[Contract, ...] = (
         "`{\"success\": false}` while blocks are held, so it is retried",
         params=("raw_request", "reset_running_requests", "reset_external"), source=('"/reset_prefix_cache"',),
         scope="tests", test="tests/e2e/test_bench_serving_quick.py"),
-    # ---------------------------------------------------------------- Ray on CPU (backend "ray", patches/ray_cpu.py)
-    Contract(
-        "vllm.v1.executor.ray_executor_v2:RayExecutorV2", "class", "integration/ray_cpu_executor.py",
-        "base class of `RayCpuExecutor` (replaces `_init_executor`, extends `shutdown`)",
-        "the parent's start-up steps, CPU-keyed; everything after start-up (MessageQueue RPC, worker monitor) is the "
-        "parent's",
-        methods=(Sig("_init_executor", (), exact=True), Sig("shutdown", (), exact=True),
-                 Sig("_get_parallel_sizes", ()), Sig("_build_runtime_env", ()), Sig("_is_driver_worker", ("rank",)),
-                 Sig("_post_init_executor", ()), Sig("start_worker_monitor", ()), Sig("_get_output_rank", ()),
-                 Sig("collective_rpc", ("method", "timeout"))),
-        attrs=("parallel_config", "vllm_config", "world_size", "rpc_broadcast_mq", "response_mqs",
-               "ray_worker_handles", "driver_env_vars", "futures_queue", "output_rank", "is_failed",
-               "failure_callback", "shutting_down", "shutdown_lock"),
-        scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-    Contract(
-        "vllm.v1.executor.ray_executor_v2:RayWorkerProc", "class", "integration/ray_cpu_executor.py",
-        "base class of `RayCpuWorkerProc`", "`get_node_and_physical_gpu_ids()` looks up `ray_device_key` (\"\" on CPU)",
-        methods=(Sig("get_node_and_physical_gpu_ids", (), exact=True),), attrs=("READY_STR",), scope="ray",
-        test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-    Contract(
-        "vllm.v1.executor.ray_executor_v2", "module", "integration/ray_cpu_executor.py",
-        "`RayWorkerHandle(actor, rank, local_rank, node_id, bundle_id_idx)`", "the handle the parent's RPC uses",
-        attrs=("RayWorkerHandle",), scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-    Contract(
-        "vllm.v1.executor.ray_utils", "module", "integration/ray_cpu_executor.py",
-        "`WORKER_SPECIFIC_ENV_VARS`, `build_actor_name`, `ray`", "as the parent executor uses them",
-        attrs=("WORKER_SPECIFIC_ENV_VARS", "build_actor_name", "ray"), scope="ray",
-        test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-    Contract(
-        "vllm.distributed.device_communicators.shm_broadcast:MessageQueue", "class", "integration/ray_cpu_executor.py",
-        "reads `mq.buffer.shared_memory.name` to unlink the /dev/shm segments of queues whose actors were killed at "
-        "shutdown", "`MessageQueue.buffer` is a `ShmRingBuffer` (None for a remote reader) holding `shared_memory`",
-        attrs=("buffer",), scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-    Contract(
-        "vllm.distributed.device_communicators.shm_broadcast:ShmRingBuffer", "class",
-        "integration/ray_cpu_executor.py", "the segment name of a queue's ring buffer",
-        "`ShmRingBuffer.shared_memory` is a `multiprocessing.shared_memory.SharedMemory`",
-        attrs=("shared_memory",), scope="ray", test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-    Contract(
-        "vllm.utils.ompmultiprocessing:OMPProcessManager", "class", "integration/ray_cpu_executor.py",
-        "each rank's OpenMP env, as the mp executor sets it", "`configure_omp_envs` is a context manager setting "
-        "`OMP_*` / `GOMP_CPU_AFFINITY` in `os.environ`",
-        methods=(Sig("configure_omp_envs", ("rank", "local_rank")),), scope="ray",
-        test="tests/vllm/test_tp.py::test_ray_cpu_executor_tp2_equals_mp"),
-)
+) + RAY_CONTRACTS  # Ray on CPU last (integration/contracts_ray.py)
