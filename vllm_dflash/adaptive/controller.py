@@ -64,6 +64,10 @@ class StepPlan:
     # the drafter drops this step's context rows instead of holding them (`AdaptiveController.context_dropped`)
     drop_context: bool = False
 
+    def block_requests(self) -> list[int]:
+        """Positions (in this plan) of the requests that verify DFlash tokens: the draft forward's rows."""
+        return [j for j, (s, k, t) in enumerate(zip(self.sources, self.ks, self.lookups)) if _needs_block(s, k, t)]
+
     @property
     def needs_block(self) -> bool:
         """Does any request verify a DFlash token, i.e. must the draft forward run? (After `adopt`: the deciding
@@ -126,7 +130,10 @@ class AdaptiveController:
         # the step without the draft forward: T(query tokens, requests, produced tokens); split_cost: fitted as the
         # target forward (timed by the caller, `plan(forward_s=...)`) plus the rest of the step (`SplitStepCost`)
         self.cost = SplitStepCost() if split_cost else StepCostModel(per_output=True)
-        self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(batch rows)
+        self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(requests it runs over)
+        # the drafter runs the forward over the requests that verify DFlash tokens only (synchronous, one pass:
+        # integration/block_rows.py), so a plan's block costs block_cost(those requests); else block_cost(batch)
+        self.block_rows_only = False
         self._block_s = 0.0  # draft-forward time inside the step being timed (taken out of its cost sample)
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
         self.guard_threshold = guard_threshold  # the guards' sure_speedup (setting guard_threshold)
@@ -243,8 +250,9 @@ class AdaptiveController:
         for block in (True, False) if self.mode != "ngram" else (False,):
             sources, gains = self._choose(table, m, block, fresh)
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
-            uses = any(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))
-            fixed = self.block_cost(B) if uses else 0.0
+            n_block = sum(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))  # requests using it
+            uses = n_block > 0
+            fixed = self.block_cost(n_block if self.block_rows_only else B) if uses else 0.0
             plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
             if not uses:
                 break  # the plan with the block did not use it: it is the prompt-lookup plan already

@@ -259,10 +259,18 @@ CONTRACTS: tuple[Contract, ...] = (
         "device), hence the mirror `adaptive/history.py`",
         attrs=("req_ids", "token_ids_cpu", "num_prompt_tokens", "generators", "num_reqs"), test=_ADAPTIVE_TEST),
     Contract(
-        "vllm.v1.attention.backend:CommonAttentionMetadata", "class", "integration/proposer.py",
-        "`propose`'s `common_attn_metadata`: `query_start_loc_cpu`, `num_reqs`, `batch_size()`; `slot_mapping`",
-        "per-request query boundaries on the host", methods=(Sig("batch_size", ()),),
-        attrs=("query_start_loc_cpu", "num_reqs", "slot_mapping"), test=_ADAPTIVE_TEST),
+        "vllm.v1.attention.backend:CommonAttentionMetadata", "class", "integration/proposer.py, block_rows.py",
+        "`propose`'s `common_attn_metadata`: `query_start_loc_cpu`, `num_reqs`, `batch_size()`; `slot_mapping`. "
+        "block_rows.py copies the drafter's query metadata (`dataclasses.replace`) for the requests a draft forward "
+        "runs over",
+        "per-request query boundaries on the host; a dataclass whose per-request fields are the ones block_rows.py "
+        "rewrites (query_start_loc[_cpu], seq_lens, seq_lens_cpu_upper_bound, block_table_tensor rows, slot_mapping) "
+        "or leaves the full forward to when set (its `_UNHANDLED`)", methods=(Sig("batch_size", ()),),
+        attrs=("query_start_loc", "query_start_loc_cpu", "num_reqs", "slot_mapping", "seq_lens", "num_actual_tokens",
+               "max_query_len", "block_table_tensor", "seq_lens_cpu_upper_bound", "causal", "logits_indices_padded",
+               "encoder_seq_lens", "dcp_local_seq_lens", "is_prefilling", "req_idx", "mm_req_doc_ranges",
+               "rswa_prefix_lens", "positions"),
+        test="tests/vllm/test_vllm_block_rows.py"),
     Contract(
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler", "class", "integration/async_scheduler.py",
         "base class of `AdaptiveAsyncScheduler` (adaptive drafting + overlap), set through `scheduler_cls`",

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`ForwardTimer`: the wall time of the target model's forward and logits calls, for adaptive drafting's step-cost fit.
+"""`ForwardTimer`: the wall time of the target model's forward and logits calls, for adaptive drafting's step-cost fit;
+`StepTimer`: the drafter's own regions (draft forward, KV injection) into its metrics.
 
 The drafter wraps the loaded target model instance's `forward` and `compute_logits` (not a vLLM class; the same seam
 as patches/profile_forward.py, which may wrap `forward` too: the two nest) when it loads, and takes the time
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import time
+
+import torch
 
 
 def time_forward_calls(model, on_done, clock=time.perf_counter, method: str = "forward") -> None:
@@ -52,3 +55,35 @@ class ForwardTimer:
         s, n = self._seconds, self._calls
         self._seconds, self._calls = 0.0, 0
         return s if n else None
+
+
+class StepTimer:
+    """Wall time of a region: perf_counter on CPU; CUDA events read back one step later on GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[str, object, object]] = []
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, name: str, start, sink) -> None:  # sink: a MetricsSink
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self._pending.append((name, start, e))
+        else:
+            sink.observe(name, time.perf_counter() - start)
+
+    def drain(self, sink) -> None:
+        keep = []
+        for name, s, e in self._pending:
+            if e.query():  # non-blocking
+                sink.observe(name, s.elapsed_time(e) / 1000.0)
+            else:
+                keep.append((name, s, e))
+        self._pending = keep

@@ -43,43 +43,13 @@ from vllm_dflash import settings
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
+from vllm_dflash.integration.block_rows import block_subset, subset_sample_idx
 from vllm_dflash.integration.deferred_context import kept_rows
+from vllm_dflash.integration.forward_timer import StepTimer
 from vllm_dflash.integration.tp_plan import sync_plan_across_tp, tp_group
 from vllm_dflash.serve.metrics import MetricsSink, is_output_rank
 
 logger = init_logger(__name__)
-
-
-class _StepTimer:
-    """Wall time of a region: perf_counter on CPU; CUDA events read back one step later on GPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._pending: list[tuple[str, object, object]] = []
-
-    def start(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def stop(self, name: str, start, sink: MetricsSink) -> None:
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self._pending.append((name, start, e))
-        else:
-            sink.observe(name, time.perf_counter() - start)
-
-    def drain(self, sink: MetricsSink) -> None:
-        keep = []
-        for name, s, e in self._pending:
-            if e.query():  # non-blocking
-                sink.observe(name, s.elapsed_time(e) / 1000.0)
-            else:
-                keep.append((name, s, e))
-        self._pending = keep
 
 
 class DFlashDrafter(DFlashProposer):
@@ -106,7 +76,7 @@ class DFlashDrafter(DFlashProposer):
         # only the output rank publishes (merged() sums snapshots: TP = 2 would count every event twice)
         self.metrics = MetricsSink.get() if is_output_rank() else MetricsSink.disabled()
         self._plan_diverged = False  # logged once per process
-        self.timer = _StepTimer(torch.device(device))
+        self.timer = StepTimer(torch.device(device))
         self.metrics.set("diffusion_steps", self.diffusion_steps)
         self.metrics.set("block_size", self.num_speculative_tokens + 1)
         self._runner = runner
@@ -118,6 +88,7 @@ class DFlashDrafter(DFlashProposer):
         self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         self._context_unused = False  # adaptive "ngram": no draft forward ever runs, so context rows are dropped
         self._drop_step = False  # this step's plan says 'off' won here: its context rows are dropped, not held
+        self._block_rows = 0  # requests the last draft forward ran over (block_rows.py: those that use its tokens)
         if self.adaptive is not None:
             from vllm_dflash.adaptive.controller import AdaptiveController
 
@@ -148,6 +119,8 @@ class DFlashDrafter(DFlashProposer):
                 from vllm_dflash.integration.deferred_context import DeferredContext
 
                 self._deferred = DeferredContext()
+            # the draft forward runs over the requests that use its tokens only (block_rows.py): it costs per such row
+            self.controller.block_rows_only = self._deferred is not None and self.diffusion_steps == 1
             if self.overlap:
                 from vllm_dflash.adaptive.history import TokenHistory
 
@@ -223,17 +196,26 @@ class DFlashDrafter(DFlashProposer):
             target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
             cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
         num_context = self._dflash_num_context
-        inputs: list = []  # [(per-layer metadata, mode, padded tokens, tokens across DP, model kwargs, slots size)]
+        # [(per-layer metadata, mode, padded tokens, tokens across DP, model kwargs, slots size, its metadata, rows run)]
+        inputs: list = []
 
-        def prepare() -> None:  # attention metadata + KV injection of the context rows, once, before the first forward
-            _, per_layer_md = self.build_per_group_and_layer_attn_metadata(cad)
-            mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
+        def prepare(select: list[int] | None = None) -> None:  # metadata + KV injection, once, before the first forward
+            # select: batch rows the forward runs over (block_rows.py; deferred path only), None: every request
+            sub = block_subset(cad, select, K + 1) if select is not None and defer else None
+            md_cad, n = (cad, num_tokens) if sub is None else (sub[0], sub[0].num_actual_tokens)
+            mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(n)
+            if sub is not None and num_input_tokens != n:  # padded (graph sizes): the subset would not fill it
+                sub, md_cad, n = None, cad, num_tokens
+                mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(n)
+            _, per_layer_md = self.build_per_group_and_layer_attn_metadata(md_cad)
             if defer:  # the rows held since the last draft forward, then this step's, in one injection
                 self._inject(self._deferred.take(target_hidden_states[:num_context],
                                                  self._context_positions_buffer[:num_context],
                                                  self._context_slot_mapping_buffer[:num_context]))
-                model_kwargs = dict(input_ids=self.input_ids[:num_input_tokens],
-                                    positions=self._get_positions(num_input_tokens), inputs_embeds=None)
+                ids, pos = self.input_ids[:num_input_tokens], self._get_positions(num_input_tokens)
+                if sub is not None:  # [len(select) * (K + 1)]: the selected requests' slots (hints already written)
+                    ids, pos = self.input_ids[:num_tokens][sub[1]], self._get_positions(num_tokens)[sub[1]]
+                model_kwargs = dict(input_ids=ids, positions=pos, inputs_embeds=None)
                 slot_mapping_size = num_input_tokens
             else:
                 t_inj = self.timer.start()
@@ -241,7 +223,8 @@ class DFlashDrafter(DFlashProposer):
                 model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens,
                                                                                      mm_embed_inputs)
                 self.timer.stop("kv_injection_seconds", t_inj, self.metrics)
-            inputs.append((per_layer_md, mode, num_input_tokens, across_dp, model_kwargs, slot_mapping_size))
+            inputs.append((per_layer_md, mode, num_input_tokens, across_dp, model_kwargs, slot_mapping_size, md_cad,
+                           None if sub is None else select))
 
         if not defer:
             prepare()  # today's order: injection every step (the fixed block drafts every step anyway)
@@ -249,14 +232,26 @@ class DFlashDrafter(DFlashProposer):
         def run_model() -> torch.Tensor:  # one pass of the draft model over this step's query slots
             if not inputs:
                 prepare()
-            per_layer_md, mode, num_input_tokens, across_dp, model_kwargs, slot_mapping_size = inputs[0]
+            per_layer_md, mode, num_input_tokens, across_dp, model_kwargs, slot_mapping_size, md_cad, _ = inputs[0]
             with set_forward_context(per_layer_md, self.vllm_config, num_tokens=num_input_tokens,
                                      num_tokens_across_dp=across_dp, cudagraph_runtime_mode=mode,
-                                     slot_mapping=self._get_slot_mapping(slot_mapping_size, cad.slot_mapping)):
+                                     slot_mapping=self._get_slot_mapping(slot_mapping_size, md_cad.slot_mapping)):
                 return self.model(**model_kwargs)
 
-        def draft() -> torch.Tensor:  # [B, K]
-            return self._denoise(run_model, sample_idx, K, sampling_metadata)
+        def draft(select: list[int] | None = None) -> torch.Tensor:  # [B, K]
+            """select: the batch rows whose drafts are used; with one greedy pass the forward runs over those alone
+            (the other rows hold the mask id, never read)."""
+            if not inputs and select is not None and self.diffusion_steps == 1 and (
+                    sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs):
+                prepare(select)
+            sel = inputs[0][-1] if inputs else None
+            self._block_rows = batch_size if sel is None else len(sel)
+            if sel is None:
+                return self._denoise(run_model, sample_idx, K, sampling_metadata)
+            mine = self._denoise(run_model, subset_sample_idx(sample_idx, sel, K + 1, K), K, sampling_metadata)
+            out = mine.new_full((batch_size, K), self.parallel_drafting_token_id)  # [B, K]
+            out[torch.tensor(sel, dtype=torch.long, device=mine.device)] = mine
+            return out
 
         if self.controller is not None:
             self._drop_step = False
@@ -373,10 +368,11 @@ class DFlashDrafter(DFlashProposer):
         self.metrics.set("block_size", K + 1)
         return drafts
 
-    def _block(self, draft, rows: list[int]) -> np.ndarray:
-        """Run the draft forward for adaptive drafting. -> [len(rows), K] the DFlash drafts of those batch rows on
-        the host (one-hot for the verifier: lossless under rejection sampling)."""
-        drafts = draft()
+    def _block(self, draft, rows: list[int], select: list[int] | None = None) -> np.ndarray:
+        """Run the draft forward for adaptive drafting (over the batch rows `select` alone where it can: those whose
+        plan verifies DFlash tokens). -> [len(rows), K] the DFlash drafts of those batch rows on the host (one-hot
+        for the verifier: lossless under rejection sampling; a row outside `select` holds filler)."""
+        drafts = draft(select)
         self._last_draft_probs = None
         return drafts.cpu().numpy()[rows]
 
@@ -458,8 +454,9 @@ class DFlashDrafter(DFlashProposer):
         if plan.needs_block:
             t0, self._injection_s = time.perf_counter(), 0.0
             self._write_hints(rows, self._hints(plan.lookups, hists))
-            block = self._block(draft, rows)  # on GPU, its copy to the host waits for the forward: wall time is right
-            self.controller.observe_block(B, time.perf_counter() - t0, self._injection_s)
+            select = sorted(rows[j] for j in plan.block_requests())  # the batch rows that verify DFlash tokens
+            block = self._block(draft, rows, select)  # on GPU, its copy to the host waits for the forward: wall time ok
+            self.controller.observe_block(self._block_rows, time.perf_counter() - t0, self._injection_s)
         planned = self.controller.propose(plan, block)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
