@@ -229,6 +229,12 @@ class DFlashSettings:
             "to take over. noise = the spread between the two windows of the running arm around the comparison, "
             "at least 2 %; a number = that fixed share (0 = any lead, the behaviour before 0.2.0) (docs/ADAPTIVE.md).",
         fix="use 'noise' or a number >= 0, e.g. 0.05")
+    guard_confirm: bool = _setting(
+        True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
+        doc="Adaptive drafting's guard: a comparison that would change the winner (speculation or none) is repeated "
+            "at once, and the winner changes only if the mean of both says so; false = one comparison decides "
+            "(the behaviour before 0.2.0) (docs/ADAPTIVE.md).",
+        fix="use true or false")
     defer_injection: bool = _setting(
         True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "

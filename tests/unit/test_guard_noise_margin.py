@@ -18,7 +18,9 @@ def _compare(g: SpeculationGuard, before: float, other: float, after: float) -> 
 
 
 def _guard(**kw) -> SpeculationGuard:
-    return SpeculationGuard(window=1, sure_speedup=float("inf"), **kw)  # no forecast ever 'sure': 'off' is measured
+    # no forecast ever 'sure': 'off' is measured; each comparison alone decides (confirm=False): these tests isolate
+    # the margin rule, tests/unit/test_guard_confirm.py the confirming second comparison
+    return SpeculationGuard(window=1, sure_speedup=float("inf"), confirm=False, **kw)
 
 
 def test_a_lead_inside_the_flank_spread_keeps_the_plan():

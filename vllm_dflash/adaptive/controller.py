@@ -121,7 +121,8 @@ def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
 class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
                  clock=time.perf_counter, split_cost: bool = False,
-                 guard_threshold: float = SURE_SPEEDUP, guard_margin: float | str = "noise"):
+                 guard_threshold: float = SURE_SPEEDUP, guard_margin: float | str = "noise",
+                 guard_confirm: bool = True):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
@@ -138,6 +139,7 @@ class AdaptiveController:
         self.guards: dict[int, SpeculationGuard] = {}  # per batch-size bucket (1, 2-3, 4-7, ...)
         self.guard_threshold = guard_threshold  # the guards' sure_speedup (setting guard_threshold)
         self.guard_margin = guard_margin  # setting guard_margin
+        self.guard_confirm = guard_confirm  # setting guard_confirm
         self._bucket = 0  # batch-size bucket of the current step
         self._decided_bucket = -1  # bucket whose guard chose the arm of the previous step
         self.metrics = metrics
@@ -165,7 +167,7 @@ class AdaptiveController:
     @property
     def guard(self) -> SpeculationGuard:
         """The guard of the current batch-size bucket."""
-        return guard_for(self.guards, self._bucket, self.guard_threshold, self.guard_margin)
+        return guard_for(self.guards, self._bucket, self.guard_threshold, self.guard_margin, self.guard_confirm)
 
     # ------------------------------------------------------------------ synchronous scheduling
     def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,

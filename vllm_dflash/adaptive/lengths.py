@@ -35,10 +35,11 @@ CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's 
 
 class LengthPlanner:
     def __init__(self, k_max: int, metrics=None, clock=time.perf_counter, guard_threshold: float = SURE_SPEEDUP,
-                 guard_margin: float | str = "noise"):
+                 guard_margin: float | str = "noise", guard_confirm: bool = True):
         self.k_max = k_max
         self.guard_threshold = guard_threshold  # the guards' sure_speedup (setting guard_threshold)
         self.guard_margin = guard_margin  # setting guard_margin
+        self.guard_confirm = guard_confirm  # setting guard_confirm
         self.acceptance = AcceptanceModel(k_max, prior=dict(CONTEXTS))
         self.cost = StepCostModel(per_output=True)
         self.guards: dict[int, SpeculationGuard] = {}
@@ -47,7 +48,7 @@ class LengthPlanner:
         self._steps = 0
 
     def guard(self, bucket: int) -> SpeculationGuard:
-        return guard_for(self.guards, bucket, self.guard_threshold, self.guard_margin)
+        return guard_for(self.guards, bucket, self.guard_threshold, self.guard_margin, self.guard_confirm)
 
     def observe(self, decision: tuple | None, outcomes: list[tuple[str, int, int]], num_tokens: int,
                 tokens_out: int, decode_only: bool, num_reqs: int = 0) -> None:

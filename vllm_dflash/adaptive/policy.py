@@ -326,10 +326,12 @@ class SpeculationGuard:
     little exploration cost.
 
     Every comparison is flanked (A B A): a window of the other arm runs between two windows of the running one, and
-    it is judged against their mean. The speed of a 2-core machine drifts by tens of percent within minutes and a
-    batch's requests grow longer as they decode, so a window compared with one measured earlier mostly measures the
-    drift: measured at concurrency 32 on chat prompts, a cold first window of the plan (544 tokens/s) against a later
-    'off' window (671-770) kept speculation off for 53 of 122 steps, while the plan's next windows ran at 847-881.
+    it is judged against their mean. A comparison that would change the winner is repeated at once (`confirm`), and
+    the winner changes only if the mean of the two says so. The speed of a 2-core machine drifts by tens of percent
+    within minutes and a batch's requests grow longer as they decode, so a window compared with one measured earlier
+    mostly measures the drift: measured at concurrency 32 on chat prompts, a cold first window of the plan (544
+    tokens/s) against a later 'off' window (671-770) kept speculation off for 53 of 122 steps, while the plan's next
+    windows ran at 847-881.
 
     Measuring 'off' costs a window of steps without speculation, which is the price of every batch-size bucket's
     first windows in a short burst of traffic. So the guard only measures 'off' while the models' own forecast of
@@ -349,7 +351,8 @@ class SpeculationGuard:
     ARMS = ("plan", "off")
 
     def __init__(self, window: int = 12, explore_every: int = 4, max_gap: int = 32, ema: float = 0.5,
-                 sure_speedup: float = SURE_SPEEDUP, min_margin: float = MIN_MARGIN, noise_margin: bool = True):
+                 sure_speedup: float = SURE_SPEEDUP, min_margin: float = MIN_MARGIN, noise_margin: bool = True,
+                 confirm: bool = True):
         self.window, self.explore_every, self.max_gap, self.ema = window, explore_every, max_gap, ema
         self.sure_speedup = sure_speedup
         # hysteresis: the arm that is not the winner must beat it by `margin` (relative) to take over. Each flanked
@@ -369,6 +372,9 @@ class SpeculationGuard:
         self._exploring = False  # the current window measures the other arm
         self._before: float | None = None  # the running arm's window just before the one being explored
         self._explored: tuple[str, float] | None = None  # (arm, rate) of the window just explored: now its flank
+        # a comparison that would change the winner, awaiting the one that confirms it: ({arm: rate}, flank spread)
+        self.confirm = confirm
+        self._unconfirmed: tuple[dict[str, float], float] | None = None
         self._n, self._tokens, self._seconds = 0, 0.0, 0.0
 
     def predict(self, speedup: float) -> None:
@@ -377,12 +383,20 @@ class SpeculationGuard:
 
     @property
     def sure(self) -> bool:
-        """Is the plan a clear win (its forecast, or a larger batch's measurement: `vouched`), so that measuring 'off'
-        (or re-measuring it, after the plan was measured faster) would only cost steps? Never after 'off' was measured
-        faster: a measured loss is re-checked on the guard's schedule whatever the forecast says."""
+        """Is the plan a clear win (its forecast, a larger batch's measurement: `vouched`, or its own measured lead of
+        `sure_speedup` over 'off'), so that measuring 'off' (or re-measuring it, after the plan was measured faster)
+        would only cost steps? Never after 'off' was measured faster: a measured loss is re-checked on the guard's
+        schedule whatever the forecast says. (Served at concurrency 8 on chat prompts the forecast read 1.24-1.34
+        while the plan was measured 1.4x as fast as 'off', so 'off' was re-measured for 6 % of the decode steps.)"""
         if self.best == "off":  # 'off' measured faster
             return False
-        return self.vouched or self._forecast_clear
+        return self.vouched or self._forecast_clear or self._measured_clear
+
+    @property
+    def _measured_clear(self) -> bool:
+        """The plan was measured at least `sure_speedup` times as fast as 'off' (its rate since kept up to date)."""
+        p, o = self.rate["plan"], self.rate["off"]
+        return p is not None and o is not None and p >= o * self.sure_speedup
 
     @property
     def wins(self) -> bool:
@@ -401,12 +415,7 @@ class SpeculationGuard:
     @property
     def best(self) -> str:
         """The faster arm as measured, with hysteresis: the other arm must lead the last winner by `margin`."""
-        p, o = self.rate["plan"], self.rate["off"]
-        if p is None or o is None:
-            return "plan"
-        if self._winner == "plan":
-            return "off" if o > p * (1 + self.margin) else "plan"
-        return "plan" if p > o * (1 + self.margin) else "off"
+        return _faster(self.rate["plan"], self.rate["off"], self._winner, self.margin)
 
     def record(self, tokens: float, seconds: float, arm: str | None = None) -> None:
         """One verified step of the current arm: output tokens it produced and its wall time. `arm`: the arm that
@@ -427,12 +436,26 @@ class SpeculationGuard:
             return
         if self._explored is not None:  # the flank ended: judge the explored window against both of its flanks
             (other, r_other), mine = self._explored, r if self._before is None else (self._before + r) / 2
-            first, winner_before = self.rate[other] is None, self.best
-            self.rate[self.arm], self.rate[other] = mine, r_other
+            reading = {self.arm: mine, other: r_other}
             spread = 0.0 if self._before is None else abs(self._before - r) / max(mine, 1e-9)
-            self.margin = max(self.min_margin, spread) if self.noise_margin else self.min_margin
-            self._winner = self.best
             self._explored = self._before = None
+            if self._unconfirmed is not None:  # the confirming comparison: the winner is judged on both of them
+                first_reading, first_spread = self._unconfirmed
+                self._unconfirmed = None
+                reading = {a: (v + first_reading[a]) / 2 for a, v in reading.items()}
+                spread = (spread + first_spread) / 2
+            elif self.confirm and _faster(reading["plan"], reading["off"], self._winner,
+                                          self._margin_for(spread)) != self._winner:
+                # a change of winner is confirmed by a second comparison right away before it takes effect: one
+                # slow window of the running arm (a stall of the host) is not a loss (served at concurrency 1 on
+                # chat prompts, one such reading turned speculation off, and its requests' draft context was dropped)
+                self._unconfirmed = (reading, spread)
+                self._explore(other, r)
+                return
+            first, winner_before = self.rate[other] is None, self.best
+            self.rate.update(reading)
+            self.margin = self._margin_for(spread)
+            self._winner = self.best
             if not first:
                 self.gap = min(2 * self.gap, self.max_gap) if self.best == winner_before else self.explore_every
             self._since_explore = 1  # the flank was a window of the running arm
@@ -454,20 +477,35 @@ class SpeculationGuard:
         else:
             self.arm = self.best
 
+    def _margin_for(self, spread: float) -> float:
+        """The hysteresis margin after a comparison whose flanks differed by `spread` (relative)."""
+        return max(self.min_margin, spread) if self.noise_margin else self.min_margin
+
     def _explore(self, other: str, before: float) -> None:
         """Measure `other` for a window, between the window that just ended (rate `before`) and the next one."""
         self._since_explore, self._exploring, self._before, self.arm = 0, True, before, other
 
 
+def _faster(plan: float | None, off: float | None, winner: str, margin: float) -> str:
+    """The faster arm of two measured rates (tokens/s), with hysteresis: the arm that is not `winner` must lead it by
+    `margin` (relative). Either rate unmeasured: 'plan'."""
+    if plan is None or off is None:
+        return "plan"
+    if winner == "plan":
+        return "off" if off > plan * (1 + margin) else "plan"
+    return "plan" if plan > off * (1 + margin) else "off"
+
+
 def guard_for(guards: dict[int, SpeculationGuard], bucket: int, sure_speedup: float = SURE_SPEEDUP,
-              margin: float | str = "noise") -> SpeculationGuard:
+              margin: float | str = "noise", confirm: bool = True) -> SpeculationGuard:
     """The guard of a batch-size bucket (created on first use with `sure_speedup`: setting guard_threshold, and
-    `margin`: setting guard_margin, "noise" or a fixed number), `vouched` for while some larger bucket `wins`."""
+    `margin`: setting guard_margin, "noise" or a fixed number, and `confirm`: setting guard_confirm), `vouched` for
+    while some larger bucket `wins`."""
     g = guards.get(bucket)
     if g is None:
         fixed = not isinstance(margin, str)
         g = guards[bucket] = SpeculationGuard(sure_speedup=sure_speedup, noise_margin=not fixed,
-                                              min_margin=float(margin) if fixed else MIN_MARGIN)
+                                              min_margin=float(margin) if fixed else MIN_MARGIN, confirm=confirm)
     g.vouched = any(b > bucket and o.wins for b, o in guards.items())
     return g
 

@@ -34,7 +34,7 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
 
         settings = from_vllm_config(self.vllm_config)
         self.planner = LengthPlanner(self._k_max, metrics=self._metrics, guard_threshold=settings.guard_threshold,
-                                     guard_margin=settings.guard_margin)
+                                     guard_margin=settings.guard_margin, guard_confirm=settings.guard_confirm)
         self._placeholder_lists = [[-1] * k for k in range(self._k_max + 1)]  # shared read-only, as vLLM's
         self._next_decision: tuple | None = None  # the plan that set the coming step's drafts
         self._decisions: dict[int, tuple | None] = {}  # id(scheduler_output) -> its plan

@@ -108,7 +108,8 @@ class DFlashDrafter(DFlashProposer):
                                                  ngram_min=ngram[0], ngram_max=ngram[1],
                                                  split_cost=self._forward_timer is not None,
                                                  guard_threshold=self.settings.guard_threshold,
-                                                 guard_margin=self.settings.guard_margin)
+                                                 guard_margin=self.settings.guard_margin,
+                                                 guard_confirm=self.settings.guard_confirm)
             # TP > 1: a rank may adopt rank 0's plan where its own guard was off, so it keeps its lookups every step
             self.controller.skip_when_off = self._tp is None
             # adaptive "ngram" drafts from prompt lookup only: no draft forward ever reads the draft's cache, so no
