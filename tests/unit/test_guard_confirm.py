@@ -2,17 +2,9 @@
 """Adaptive drafting's guard (`SpeculationGuard`) changes its winner only on two flanked comparisons in a row (the
 second one run at once, judged on the mean of both), and stops re-measuring 'off' once the plan was measured
 `sure_speedup` times as fast. Window 1 (one step = one window), tokens/s set directly."""
+from support.guard import compare as _compare
+
 from vllm_dflash.adaptive.policy import SpeculationGuard
-
-
-def _compare(g: SpeculationGuard, before: float, other: float, after: float) -> None:
-    """One flanked comparison: a window of the running arm, one of the other arm, then the running arm again."""
-    running = g.arm
-    g.record(before, 1.0)
-    assert g.arm != running, "the guard should be measuring the other arm now"
-    g.record(other, 1.0)
-    assert g.arm == running, "the flank should be a window of the running arm"
-    g.record(after, 1.0)
 
 
 def _guard(**kw) -> SpeculationGuard:

@@ -4,17 +4,9 @@ the arm that is not the winner must lead it by the spread of the two flanking wi
 Each test drives one flanked comparison A B A with window 1 (one step = one window) and tokens/s set directly."""
 import pytest
 
+from support.guard import compare as _compare
+
 from vllm_dflash.adaptive.policy import SpeculationGuard
-
-
-def _compare(g: SpeculationGuard, before: float, other: float, after: float) -> None:
-    """One flanked comparison: a window of the running arm, one of the other arm, then the running arm again."""
-    running = g.arm
-    g.record(before, 1.0)
-    assert g.arm != running, "the guard should be measuring the other arm now"
-    g.record(other, 1.0)
-    assert g.arm == running, "the flank should be a window of the running arm"
-    g.record(after, 1.0)
 
 
 def _guard(**kw) -> SpeculationGuard:
