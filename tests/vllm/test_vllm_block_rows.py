@@ -43,8 +43,8 @@ if not getattr(P, "_test_patched", False):  # the runs share a process: patch on
     _subset = P.block_subset
     P.block_subset = lambda *a, **k: None if P._test_full else _subset(*a, **k)
     _block = P.DFlashDrafter._block
-    def _rec(self, draft, rows, select=None):
-        out = _block(self, draft, rows, select)
+    def _rec(self, draft, rows, select=None, spans=None):
+        out = _block(self, draft, rows, select, spans)
         ids = self._runner.input_batch.req_ids
         P._test_blocks.append({{"ran": self._block_rows, "batch": len(rows),
                                "drafts": {{str(P._test_order[ids[r]]): out[i].tolist() for i, r in enumerate(rows)

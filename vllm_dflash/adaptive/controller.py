@@ -68,6 +68,12 @@ class StepPlan:
         """Positions (in this plan) of the requests that verify DFlash tokens: the draft forward's rows."""
         return [j for j, (s, k, t) in enumerate(zip(self.sources, self.ks, self.lookups)) if _needs_block(s, k, t)]
 
+    def block_spans(self) -> list[tuple[int, int]]:
+        """Per request of `block_requests`, the block slots (lo, hi) it verifies: 0..k-1 for a DFlash proposal, the
+        slots after the lookup's tokens (m..k-1) for a merged one. The draft's argmax runs there alone."""
+        return [(_lookup_slots(s, t, k), k) for s, k, t in zip(self.sources, self.ks, self.lookups)
+                if _needs_block(s, k, t)]
+
     @property
     def needs_block(self) -> bool:
         """Does any request verify a DFlash token, i.e. must the draft forward run? (After `adopt`: the deciding

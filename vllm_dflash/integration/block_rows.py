@@ -14,6 +14,13 @@ GEMMs of the draft layer are row-wise), so the forward may run over the selected
 `subset_sample_idx` maps the sampled (MASK) positions likewise. Greedy one-pass drafting only (the drafter's hot
 path): multi-pass denoising re-masks the full layout in place, and probabilistic drafts take the batch's sampling
 metadata, so both keep the full forward.
+
+Inside the forward, only the positions a request verifies need the projection onto the draft vocabulary and its
+argmax (`verified_positions`): the block is drafted over all its slots (non-causal: every slot reads every other),
+but a request that verifies 2 of its 7 DFlash tokens, or a merged proposal whose first slots hold prompt-lookup
+tokens, reads only those. That projection is a GEMM of [positions, H] x [H, draft vocabulary]: 3.6 ms of an 8.3 ms
+forward over 8 requests (56 positions) on a 2-core EPYC in float32, and block steps at concurrency 8 verified about
+a third of their positions.
 """
 from __future__ import annotations
 
@@ -55,3 +62,16 @@ def subset_sample_idx(sample_idx: torch.Tensor, select: list[int], q: int, k: in
     mine = sample_idx.view(-1, k)[sel].to(torch.long)  # [n, k]
     shift = (torch.arange(len(select), device=sample_idx.device) - sel) * q  # [n]: new start - old start
     return (mine + shift[:, None]).reshape(-1).to(sample_idx.dtype)
+
+
+def verified_positions(rows: list[int], spans: dict[int, tuple[int, int]], k: int,
+                       device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """The sampled positions whose drafts the plan verifies, so the draft vocabulary's projection and argmax run
+    there alone. rows: the batch rows of the forward's layout, in order (the selected ones, or every row); spans:
+    batch row -> (lo, hi), the block slots lo..hi-1 that row verifies (a merged proposal verifies the block after its
+    lookup tokens); a row without a span verifies none. -> [n] int64 positions in the request-major [len(rows) * k]
+    sampled layout, or None where every position is verified (nothing to leave out)."""
+    idx = [j * k + s for j, r in enumerate(rows) for s in range(*spans.get(r, (0, 0)))]
+    if len(idx) == len(rows) * k:
+        return None
+    return torch.tensor(idx, dtype=torch.long, device=device)

@@ -43,7 +43,7 @@ from vllm_dflash import settings
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
-from vllm_dflash.integration.block_rows import block_subset, subset_sample_idx
+from vllm_dflash.integration.block_rows import block_subset, subset_sample_idx, verified_positions
 from vllm_dflash.integration.deferred_context import kept_rows
 from vllm_dflash.integration.forward_timer import StepTimer
 from vllm_dflash.integration.tp_plan import sync_plan_across_tp, tp_group
@@ -239,17 +239,22 @@ class DFlashDrafter(DFlashProposer):
                                      slot_mapping=self._get_slot_mapping(slot_mapping_size, md_cad.slot_mapping)):
                 return self.model(**model_kwargs)
 
-        def draft(select: list[int] | None = None) -> torch.Tensor:  # [B, K]
+        def draft(select: list[int] | None = None,
+                  spans: dict[int, tuple[int, int]] | None = None) -> torch.Tensor:  # [B, K]
             """select: the batch rows whose drafts are used; with one greedy pass the forward runs over those alone
-            (the other rows hold the mask id, never read)."""
-            if not inputs and select is not None and self.diffusion_steps == 1 and (
-                    sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs):
+            (the other rows hold the mask id, never read). spans: batch row -> (lo, hi), the block slots it verifies;
+            with one greedy pass the draft-vocabulary argmax runs at those alone (the other slots hold the mask id)."""
+            one_hot = self.diffusion_steps == 1 and (
+                sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs)
+            if not inputs and select is not None and one_hot:
                 prepare(select)
             sel = inputs[0][-1] if inputs else None
             self._block_rows = batch_size if sel is None else len(sel)
+            layout = list(range(batch_size)) if sel is None else sel
+            keep = verified_positions(layout, spans, K, sample_idx.device) if spans is not None and one_hot else None
             if sel is None:
-                return self._denoise(run_model, sample_idx, K, sampling_metadata)
-            mine = self._denoise(run_model, subset_sample_idx(sample_idx, sel, K + 1, K), K, sampling_metadata)
+                return self._denoise(run_model, sample_idx, K, sampling_metadata, keep)
+            mine = self._denoise(run_model, subset_sample_idx(sample_idx, sel, K + 1, K), K, sampling_metadata, keep)
             out = mine.new_full((batch_size, K), self.parallel_drafting_token_id)  # [B, K]
             out[torch.tensor(sel, dtype=torch.long, device=mine.device)] = mine
             return out
@@ -330,9 +335,11 @@ class DFlashDrafter(DFlashProposer):
         if self.controller is not None:
             self.controller.observe_injection(int(slots.shape[0]), dt)
 
-    def _denoise(self, run_model, sample_idx, K, sampling_metadata) -> torch.Tensor:
+    def _denoise(self, run_model, sample_idx, K, sampling_metadata, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The draft forward: `diffusion_steps` passes of the draft model over [anchor, MASK x K] per request (keep
-        the confident prefix, re-mask the rest, run again over the same slots). -> [B, K] draft token ids."""
+        the confident prefix, re-mask the rest, run again over the same slots). keep: [n] the positions of
+        sample_idx whose drafts are verified (one greedy pass only; `verified_positions`), None: all.
+        -> [B, K] draft token ids (the mask id at positions left out)."""
         model = self._inner()
         t_fwd = self.timer.start()
         steps = self.diffusion_steps
@@ -345,6 +352,11 @@ class DFlashDrafter(DFlashProposer):
                     drafts, probs = self._sample_draft_tokens(sample_hidden, sampling_metadata)
                     if probs is not None:
                         self._last_draft_probs = probs.view(-1, K, probs.shape[-1]).contiguous()
+                    drafts = drafts.view(-1, K)
+                elif steps == 1 and keep is not None:  # the verified positions alone (block_rows.py)
+                    drafts = torch.full((sample_hidden.shape[0],), self.parallel_drafting_token_id,
+                                        dtype=torch.int64, device=sample_hidden.device)  # [B * K]
+                    drafts[keep] = model.draft_argmax(sample_hidden[keep]).to(torch.int64)
                     drafts = drafts.view(-1, K)
                 elif steps == 1:  # one-hot drafts: the argmax over the draft vocabulary, mapped to target ids (vLLM's
                     # greedy path first spreads the draft logits over the whole target vocabulary: 4x the time on CPU)
@@ -369,11 +381,13 @@ class DFlashDrafter(DFlashProposer):
         self.metrics.set("block_size", K + 1)
         return drafts
 
-    def _block(self, draft, rows: list[int], select: list[int] | None = None) -> np.ndarray:
+    def _block(self, draft, rows: list[int], select: list[int] | None = None,
+               spans: dict[int, tuple[int, int]] | None = None) -> np.ndarray:
         """Run the draft forward for adaptive drafting (over the batch rows `select` alone where it can: those whose
-        plan verifies DFlash tokens). -> [len(rows), K] the DFlash drafts of those batch rows on the host (one-hot
-        for the verifier: lossless under rejection sampling; a row outside `select` holds filler)."""
-        drafts = draft(select)
+        plan verifies DFlash tokens; with its argmax at the slots `spans` they verify). -> [len(rows), K] the DFlash
+        drafts of those batch rows on the host (one-hot for the verifier: lossless under rejection sampling; a row
+        outside `select`, or a slot outside its span, holds filler)."""
+        drafts = draft(select, spans)
         self._last_draft_probs = None
         return drafts.cpu().numpy()[rows]
 
@@ -455,8 +469,9 @@ class DFlashDrafter(DFlashProposer):
         if plan.needs_block:
             t0, self._injection_s = time.perf_counter(), 0.0
             self._write_hints(rows, self._hints(plan.lookups, hists))
-            select = sorted(rows[j] for j in plan.block_requests())  # the batch rows that verify DFlash tokens
-            block = self._block(draft, rows, select)  # on GPU, its copy to the host waits for the forward: wall time ok
+            spans = {rows[j]: span for j, span in zip(plan.block_requests(), plan.block_spans())}
+            select = sorted(spans)  # the batch rows that verify DFlash tokens
+            block = self._block(draft, rows, select, spans)  # on GPU, the copy to the host waits: wall time ok
             self.controller.observe_block(self._block_rows, time.perf_counter() - t0, self._injection_s)
         planned = self.controller.propose(plan, block)
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
