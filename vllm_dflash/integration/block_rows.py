@@ -19,8 +19,9 @@ Inside the forward, only the positions a request verifies need the projection on
 argmax (`verified_positions`): the block is drafted over all its slots (non-causal: every slot reads every other),
 but a request that verifies 2 of its 7 DFlash tokens, or a merged proposal whose first slots hold prompt-lookup
 tokens, reads only those. That projection is a GEMM of [positions, H] x [H, draft vocabulary]: 3.6 ms of an 8.3 ms
-forward over 8 requests (56 positions) on a 2-core EPYC in float32, and block steps at concurrency 8 verified about
-a third of their positions.
+forward over 8 requests (56 positions) on a 2-core EPYC in float32, and a DFlash proposal at HumanEval c8 verified
+1.25 of its 7 slots on average. Served there, the forward of a step fell from 9.3 to 7.0 ms (median; 2.4 to 2.0 ms a
+drafting request, `ab_argmax_slots_avx2` in docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
