@@ -10,65 +10,20 @@ output is the target's greedy output. Plus the subset's metadata and indices on 
 import pytest
 import torch
 
-from support.vllm_helpers import run_vllm
+from support.block_plan import block_prompts, run_fixed_plan
 
 pytestmark = pytest.mark.vllm
 
-g = torch.Generator().manual_seed(5)
-PROMPTS = [(torch.randint(4, 384, (5,), generator=g).tolist() * 6)[: 24 + 3 * i] for i in range(4)]
+PROMPTS = block_prompts(seed=5)
 MAX_TOKENS = 24
-
-# DFlash tokens (all K) for requests 0 and 2 (order of arrival), none for 1 and 3; the guard cannot turn it off. Each
-# block call's drafts of the selected rows are recorded by request, with the rows the forward ran over.
-PATCH = """
-from vllm_dflash.adaptive import controller as C
-from vllm_dflash.integration import proposer as P
-P._test_full = {full}
-P._test_blocks = []
-P._test_order = {{}}  # request id -> order of arrival in this run
-if not getattr(P, "_test_patched", False):  # the runs share a process: patch once
-    P._test_patched = True
-    _plan = C.AdaptiveController.plan
-    def _fixed(self, req_ids, *a, **k):
-        p = _plan(self, req_ids, *a, **k)
-        order = P._test_order
-        for r in req_ids:
-            order.setdefault(r, len(order))
-        use = [order[r] % 2 == 0 for r in req_ids]
-        p.sources = ["dflash" if u else "none" for u in use]
-        p.ks = [self.k_max if u else 0 for u in use]
-        p.drop_context = False
-        return p
-    C.AdaptiveController.plan = _fixed
-    _subset = P.block_subset
-    P.block_subset = lambda *a, **k: None if P._test_full else _subset(*a, **k)
-    _block = P.DFlashDrafter._block
-    def _rec(self, draft, rows, select=None, spans=None):
-        out = _block(self, draft, rows, select, spans)
-        ids = self._runner.input_batch.req_ids
-        P._test_blocks.append({{"ran": self._block_rows, "batch": len(rows),
-                               "drafts": {{str(P._test_order[ids[r]]): out[i].tolist() for i, r in enumerate(rows)
-                                          if r in set(select or rows)}}}})
-        return out
-    P.DFlashDrafter._block = _rec
-"""
-PROBE = """
-from vllm_dflash.integration import proposer as P
-probe["blocks"] = P._test_blocks
-"""
+# DFlash tokens (all K) for requests 0 and 2 (order of arrival), none for 1 and 3; the guard cannot turn it off
+PLAN = [("dflash", None), ("none", 0)]
 
 
 @pytest.fixture(scope="module")
 def results(pair):
-    spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": "dflash"}
-    common = {"model": str(pair / "target"), "prompts": PROMPTS, "max_tokens": MAX_TOKENS}
-    # our fp32 GEMM on every row count: a row's result does not depend on the rows beside it
-    env = {"DFLASH_CPU_GEMM_F32": "all"}
-    runs = [common,
-            {**common, "speculative_config": spec, "patch": PATCH.format(full=False), "after": PROBE, "env": env},
-            {**common, "speculative_config": spec, "patch": PATCH.format(full=True), "after": PROBE, "env": env}]
-    base, subset, full = run_vllm(runs)
-    return {"base": base, "subset": subset, "full": full}
+    r = run_fixed_plan(pair, "dflash", PLAN, "block_subset", PROMPTS, MAX_TOKENS)
+    return {"base": r["base"], "subset": r["test"], "full": r["control"]}
 
 
 def test_output_is_the_targets(results):
@@ -81,14 +36,16 @@ def test_forward_ran_over_the_selected_rows_only(results):
     assert sub and full
     assert any(b["ran"] < b["batch"] for b in sub), sub[:3]  # the subset path ran
     assert all(b["ran"] == b["batch"] for b in full)  # the control: every row, every call
-    assert all(set(b["drafts"]) <= {"0", "2"} for b in sub)
+    assert all(set(b["rows"]) <= {"0", "2"} for b in sub)
 
 
 def test_selected_drafts_equal_the_full_forwards(results):
     sub, full = results["subset"]["probe"]["blocks"], results["full"]["probe"]["blocks"]
     assert len(sub) == len(full)
     for i, (a, b) in enumerate(zip(sub, full)):
-        assert a["drafts"] == b["drafts"], (i, a, b)
+        drafts_a = {req: d for req, (_, d) in a["rows"].items()}
+        drafts_b = {req: d for req, (_, d) in b["rows"].items()}
+        assert drafts_a == drafts_b, (i, a, b)
 
 
 def test_subset_metadata_and_indices():
