@@ -26,7 +26,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")  # recorded with the command
 GEMM_OPS = ("_C::onednn_mm", "_C::weight_packed_linear", "aten::mm", "aten::addmm", "aten::linear",
-            "vllm_dflash::linear_bf16")
+            "vllm_dflash::linear_bf16", "vllm_dflash::linear_f32", "vllm_dflash::gemm_f32")
 GROUPS = {  # op name -> group (ops not listed: "other host and glue ops")
     "vllm::unified_attention_with_output": "attention (vLLM's custom-op wrapper)",
     "_C::cpu_attention_with_kv_cache": "attention (kernel)",
@@ -48,6 +48,8 @@ def _weight_shape(op: str, shapes: list) -> tuple[int, int] | None:
             return tuple(shapes[1])
         if op == "vllm_dflash::linear_bf16":  # (x [M, K], packed [N / 32, 32 K], n, ...): N rounded up to 32
             return shapes[1][0] * 32, shapes[0][1]
+        if op in ("vllm_dflash::linear_f32", "vllm_dflash::gemm_f32"):  # (x [M, K], packed [N / 16, 16 K], n, ...)
+            return shapes[1][0] * 16, shapes[0][1]
         if op == "aten::mm":  # (x [M, K], W.T [K, N])
             return shapes[1][1], shapes[1][0]
         if op == "aten::addmm":  # (bias, x [M, K], W.T [K, N])
@@ -143,7 +145,8 @@ def render(r: dict) -> str:
         f"weights at the measured {r['hardware']['read_gb_s']:.1f} GB/s streaming read = "
         f"{r['memory_bound_step_ms']:.1f} ms, so the step runs at "
         f"{100 * r['memory_bound_step_ms'] / r['step_ms']:.0f} % of it; the linear layers alone take "
-        f"{gemm_ms:.1f} ms ({100 * r['memory_bound_step_ms'] / gemm_ms:.0f} % of the bound's rate).", "",
+        + (f"{gemm_ms:.1f} ms ({100 * r['memory_bound_step_ms'] / gemm_ms:.0f} % of the bound's rate)." if gemm_ms
+           else "no time (no linear op this script knows was called)."), "",
         "| part of the step (self CPU time, profiled) | ms per step | share |", "|---|---|---|"]
     tot = r["profiled_cpu_ms_per_step"]
     lines += [f"| {k} | {v:.2f} | {100 * v / tot:.0f} % |" for k, v in r["groups_ms_per_step"].items()]

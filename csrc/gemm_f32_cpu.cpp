@@ -54,11 +54,12 @@ struct Args {
 // One packed block (16 outputs) x MR rows starting at row m0, for k in [k0, k1): one FMA chain per output, k
 // ascending. The chain starts from 0 (k0 == 0) or from the partial sums a previous k-chunk left in `part`
 // ([MR, 16] fp32: storing and reloading fp32 changes no bits); the last chunk (k1 == K) adds the bias and writes y.
-// pd > 0: each k step also prefetches the weight line pd steps ahead (the thread's blocks are one stream, so that
-// runs into its next block; a prefetch past the end of the weight does not fault). See `prefetch_single`.
+// pd > 0: every `pf_every`-th k step, from step `pf_phase` on, also prefetches the weight line pd steps ahead (the
+// thread's blocks are one stream, so that runs into its next block; a prefetch past the end of the weight does not
+// fault). See `prefetch_single` and `run_blocks`.
 template <int MR>
 F32_TARGET void block_tile(const Args& a, int64_t blk, int64_t m0, int64_t k0, int64_t k1, float* part,
-                           int64_t pd) {
+                           int64_t pd, int64_t pf_every, int64_t pf_phase) {
   __m256 acc[MR][2];
   if (k0 == 0) {
 #pragma GCC unroll 8
@@ -74,9 +75,13 @@ F32_TARGET void block_tile(const Args& a, int64_t blk, int64_t m0, int64_t k0, i
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) xr[m] = a.x + (m0 + m) * a.ldx;
   const float* wb = a.w + blk * a.k * BN;
+  int64_t until_pf = pf_phase + 1;  // k steps until the next prefetch (a countdown: no division in the loop)
 #pragma GCC unroll 4
   for (int64_t p = k0; p < k1; ++p) {
-    if (pd > 0) _mm_prefetch(reinterpret_cast<const char*>(wb + (p + pd) * BN), _MM_HINT_T0);
+    if (pd > 0 && --until_pf == 0) {
+      until_pf = pf_every;
+      _mm_prefetch(reinterpret_cast<const char*>(wb + (p + pd) * BN), _MM_HINT_T0);
+    }
     const __m256 w0 = _mm256_loadu_ps(wb + p * BN);
     const __m256 w1 = _mm256_loadu_ps(wb + p * BN + 8);
 #pragma GCC unroll 8
@@ -117,7 +122,7 @@ F32_TARGET void block_tile(const Args& a, int64_t blk, int64_t m0, int64_t k0, i
   }
 }
 
-using TileFn = void (*)(const Args&, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+using TileFn = void (*)(const Args&, int64_t, int64_t, int64_t, int64_t, float*, int64_t, int64_t, int64_t);
 constexpr TileFn kTiles[MAX_MR + 1] = {nullptr,         &block_tile<1>, &block_tile<2>, &block_tile<3>,
                                        &block_tile<4>,  &block_tile<5>, &block_tile<6>};
 
@@ -143,7 +148,11 @@ constexpr int64_t KC_MAX_ROWS = 64;
 // 3-6 rows, 1.07-1.15x at 8-12, 1.03-1.09x at 16-32; at 1 row, where the loop is a pure stream the hardware
 // prefetcher already keeps full, it cost 0.85x, so 1-2 rows issue none (dev/GEMM_F32_NOTES.md).
 //   whole-K tiles: the first tile of a block fetches the line PD_SINGLE k steps ahead, from 3 rows on;
-//   k-chunks: the first tile of a chunk fetches the next chunk (KC steps ahead) into L1 while the chunk's tiles run.
+//   k-chunks: the chunk's T tiles fetch the next chunk (KC steps ahead) into L1 together, tile t at its k steps
+//   t, t + T, t + 2T, ..., so the stream is fed at an even pace while all of them run. When the first tile fetched
+//   the whole next chunk, the other tiles ran with no line on its way. Spreading the fetches took the 121 GEMMs of
+//   a step from 37-40 to 34-36 ms at 8 rows, 58-60 to 54-56 at 24 and 72-78 to 59-63 at 32 (2-core AVX2 EPYC, four
+//   interleaved rounds; dev/GEMM_F32_NOTES.md, session 37).
 constexpr int64_t PD_SINGLE = 32;
 constexpr int64_t PD_MIN_ROWS = 3;
 
@@ -154,19 +163,22 @@ void run_blocks(const Args& a, int64_t M, int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       for (int64_t m0 = 0; m0 < M;) {
         const int64_t mr = rows_for(M - m0);
-        kTiles[mr](a, blk, m0, 0, a.k, nullptr, m0 == 0 ? prefetch_single(M) : 0);
+        kTiles[mr](a, blk, m0, 0, a.k, nullptr, m0 == 0 ? prefetch_single(M) : 0, 1, 0);
         m0 += mr;
       }
     }
     return;
   }
   std::vector<float> part(static_cast<size_t>(M * BN));
+  int64_t tiles = 0;  // tiles per chunk: the next chunk's KC lines are fetched by all of them, one in `tiles` steps
+  for (int64_t m0 = 0; m0 < M; m0 += rows_for(M - m0)) ++tiles;
   for (int64_t blk = b0; blk < b1; ++blk) {
     for (int64_t k0 = 0; k0 < a.k; k0 += KC) {
       const int64_t k1 = std::min(a.k, k0 + KC);
-      for (int64_t m0 = 0; m0 < M;) {
+      int64_t t = 0;
+      for (int64_t m0 = 0; m0 < M; ++t) {
         const int64_t mr = rows_for(M - m0);
-        kTiles[mr](a, blk, m0, k0, k1, part.data() + m0 * BN, m0 == 0 ? KC : 0);
+        kTiles[mr](a, blk, m0, k0, k1, part.data() + m0 * BN, KC, tiles, t);
         m0 += mr;
       }
     }
