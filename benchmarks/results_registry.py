@@ -60,6 +60,8 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v31_avx2": {"machine": "epyc-avx2"},
     "bench_v32_avx2": {"machine": "epyc-avx2"},
     "bench_v33_avx2": {"machine": "epyc-avx2"},
+    "ab_gemm_prefetch_avx2": {"machine": "epyc-avx2"},
+    "step_ops_avx2": {"machine": "epyc-avx2"},
     "ab_argmax_slots_avx2": {"machine": "epyc-avx2"},
     "bench_v34_avx2": {"machine": "epyc-avx2"},
     "ab_merged_he_c8_avx2": {"machine": "epyc-avx2"},
@@ -109,7 +111,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
 }
 
 # Order of the sections; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["ab_merged_he_c8_avx2", "bench_v34_avx2", "ab_argmax_slots_avx2", "bench_v33_avx2", "bench_v32_avx2", "bench_v31_avx2", "ab_c32_he_avx2", "bench_v30_avx2", "bench_v29_avx2", "waves_c32_avx2", "ab_guard_margin", "bench_v28_avx2", "eval_humaneval164_v4", "eval_humaneval164_v3_avx2", "eval_chat_v4", "eval_chat_v3_avx2", "ab_guard_threshold", "bench_v27_avx2_c32", "bench_v27_avx2", "ab_gemm_f32", "gemm_f32", "bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["ab_gemm_prefetch_avx2", "step_ops_avx2", "ab_merged_he_c8_avx2", "bench_v34_avx2", "ab_argmax_slots_avx2", "bench_v33_avx2", "bench_v32_avx2", "bench_v31_avx2", "ab_c32_he_avx2", "bench_v30_avx2", "bench_v29_avx2", "waves_c32_avx2", "ab_guard_margin", "bench_v28_avx2", "eval_humaneval164_v4", "eval_humaneval164_v3_avx2", "eval_chat_v4", "eval_chat_v3_avx2", "ab_guard_threshold", "bench_v27_avx2_c32", "bench_v27_avx2", "ab_gemm_f32", "gemm_f32", "bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
@@ -126,6 +128,9 @@ SERVING_TITLES: dict[str, str] = {
     "bench_v34_avx2": ("The AVX2-only EPYC after the draft's argmax moved to the verified slots (session 36; every "
                        "level in at least two interleaved rounds, both adaptive configurations traced): none, n-gram, "
                        "adaptive, merged"),
+    "ab_gemm_prefetch_avx2": ("The fp32 GEMM's spread prefetch of the next k-chunk, on the AVX2-only EPYC (session 37): "
+                              "our default on the new kernel against the previous one (`ours-adaptive#prev`), with "
+                              "none and n-gram, c8, both sets, interleaved rounds"),
     "ab_argmax_slots_avx2": ("The draft's argmax at the verified block slots alone, on the AVX2-only EPYC (session 36): "
                              "our default against the previous code (`ours-adaptive#prev`), with none and n-gram, "
                              "c8, both sets, interleaved rounds"),
@@ -256,6 +261,8 @@ SERVING_TITLES: dict[str, str] = {
 
 # Result files rendered from their own markdown (the title of each section).
 MD_SECTIONS = {"gemm_f32": "The fp32 AVX2 GEMM against vLLM's CPU linear: the 121 GEMMs of one step, 1 to 512 rows",
+               "step_ops_avx2": ("One decode step without speculation at concurrency 1, op by op, against the memory "
+                                 "bound: float32 on the AVX2-only EPYC (session 37)"),
                "step_ops": "One decode step without speculation at concurrency 1, op by op, against the memory bound",
                "planner_cost": "Adaptive planner: host time per engine step against batch size",
                "hinted_vllm": "Plain draft, hinted draft and prompt lookup through vLLM, each alone (fixed block)",
