@@ -13,7 +13,8 @@ With c requests in flight, each yielding `tokens_per_forward` tokens per step an
 
 `bw` and `flops` are measured here, on the threads the model worker gets (not datasheet figures): read bandwidth by
 summing a tensor much larger than the caches, GEMM throughput with the target's own layer shape in its serving
-dtype. Attention, the KV cache and host work are left out, so the limit is optimistic (an upper bound)."""
+dtype, from the faster of torch's GEMM and, in float32 where it runs, this package's kernel (ops/gemm_f32.py, which
+serves vLLM's float32 linear layers on AVX2 CPUs and beats torch's rate from about 24 rows on). Attention, the KV cache and host work are left out, so the limit is optimistic (an upper bound)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ class Hardware:
     gemm_tflops: float  # dense GEMM throughput at the target's layer shape, TFLOP/s
     dtype: str
     gemm_shape: tuple[int, int, int]  # (tokens, in, out)
+    gemm_op: str = "torch"  # whose GEMM gave gemm_tflops: "torch" or "vllm_dflash.gemm_f32"
 
 
 @dataclass(frozen=True)
@@ -65,21 +67,28 @@ def measure_hardware(threads: int, dtype: torch.dtype, hidden: int, intermediate
         t = _best(lambda: buf.sum(), repeats)
         read_gb_s = bytes_read / t / 1e9
         buf = None  # free the 512 MiB before the GEMM
-        x = torch.randn(tokens, hidden, dtype=dtype)
-        w = torch.randn(intermediate, hidden, dtype=dtype)
-        t = _best(lambda: torch.nn.functional.linear(x, w), repeats * 4)
+        x = torch.randn(tokens, hidden, dtype=dtype)  # [tokens, hidden]
+        w = torch.randn(intermediate, hidden, dtype=dtype)  # [intermediate, hidden]
+        t, op = _best(lambda: torch.nn.functional.linear(x, w), repeats * 4), "torch"
+        if dtype == torch.float32:
+            from vllm_dflash.ops.gemm_f32 import gemm_f32, gemm_f32_supported, pack_f32_weight
+
+            if gemm_f32_supported():
+                pw = pack_f32_weight(w)
+                t_ours = _best(lambda: gemm_f32(x, pw), repeats * 4)
+                t, op = (t_ours, "vllm_dflash.gemm_f32") if t_ours < t else (t, op)
         tflops = 2 * tokens * hidden * intermediate / t / 1e12
     finally:
         torch.set_num_threads(old)
     return Hardware(threads, round(read_gb_s, 2), round(tflops, 4), str(dtype).removeprefix("torch."),
-                    (tokens, hidden, intermediate))
+                    (tokens, hidden, intermediate), op)
 
 
 def better(a: Hardware, b: Hardware) -> Hardware:
     """Two readings of the same machine (e.g. before and after a benchmark): the higher bandwidth and GEMM rate of
     the two. Each reading is a best of a few short repeats, so a busy moment can pull one far down, never up."""
     return Hardware(a.threads, max(a.read_gb_s, b.read_gb_s), max(a.gemm_tflops, b.gemm_tflops), a.dtype,
-                    a.gemm_shape)
+                    a.gemm_shape, a.gemm_op if a.gemm_tflops >= b.gemm_tflops else b.gemm_op)
 
 
 def model_size(model_dir: str | Path, dtype: torch.dtype) -> ModelSize:
