@@ -14,7 +14,8 @@ With c requests in flight, each yielding `tokens_per_forward` tokens per step an
 `bw` and `flops` are measured here, on the threads the model worker gets (not datasheet figures): read bandwidth by
 summing a tensor much larger than the caches, GEMM throughput with the target's own layer shape in its serving
 dtype, from the faster of torch's GEMM and, in float32 where it runs, this package's kernel (ops/gemm_f32.py, which
-serves vLLM's float32 linear layers on AVX2 CPUs and beats torch's rate from about 24 rows on). Attention, the KV cache and host work are left out, so the limit is optimistic (an upper bound)."""
+serves vLLM's float32 linear layers on AVX2 CPUs and beats torch's rate from about 24 rows on). Attention, the KV
+cache and host work are left out, so the limit is optimistic (an upper bound)."""
 from __future__ import annotations
 
 import json
@@ -76,7 +77,8 @@ def measure_hardware(threads: int, dtype: torch.dtype, hidden: int, intermediate
             if gemm_f32_supported():
                 pw = pack_f32_weight(w)
                 t_ours = _best(lambda: gemm_f32(x, pw), repeats * 4)
-                t, op = (t_ours, "vllm_dflash.gemm_f32") if t_ours < t else (t, op)
+                if t_ours < t:
+                    t, op = t_ours, "vllm_dflash.gemm_f32"
         tflops = 2 * tokens * hidden * intermediate / t / 1e12
     finally:
         torch.set_num_threads(old)

@@ -157,7 +157,8 @@ def _limit_inputs(rec: dict[str, Any] | None) -> str:
     hw, m = rec["hardware"], rec["model"]
     return (f". Inputs, measured before the servers started on {hw['threads']} thread(s): read bandwidth "
             f"{hw['read_gb_s']:.1f} GB/s, {hw['dtype']} GEMM {hw['gemm_tflops'] * 1e3:.0f} GFLOP/s at the target's "
-            f"MLP shape {tuple(hw['gemm_shape'])} ({hw.get('gemm_op', 'torch')}'s); target {m['params'] / 1e6:.1f} M parameters, "
+            f"MLP shape {tuple(hw['gemm_shape'])} ({hw.get('gemm_op', 'torch')}'s); "
+            f"target {m['params'] / 1e6:.1f} M parameters, "
             f"{m['weight_bytes'] / 1e6:.0f} MB"
             + (f". The weights fit in this CPU's {hw['l3_bytes'] / 2**20:.0f} MiB L3 cache, so a step need not stream "
                "them from DRAM: the memory bound understates what this machine allows, and fractions of it are "

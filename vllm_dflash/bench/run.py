@@ -514,7 +514,8 @@ def _hardware(target: Path, dtype: str, threads: int) -> tuple[limit.Hardware, l
     size = limit.model_size(target, tdt)
     hw = limit.measure_hardware(threads, tdt, size.hidden, size.intermediate)
     print(f"hardware ({threads} thread(s)): read {hw.read_gb_s:.1f} GB/s, {dtype} GEMM {hw.gemm_tflops * 1e3:.0f} "
-          f"GFLOP/s ({hw.gemm_op}); target {size.params / 1e6:.0f} M parameters = {size.weight_bytes / 1e6:.0f} MB", flush=True)
+          f"GFLOP/s ({hw.gemm_op}); target {size.params / 1e6:.0f} M parameters = {size.weight_bytes / 1e6:.0f} MB",
+          flush=True)
     return hw, size
 
 
