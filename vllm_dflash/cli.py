@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs",
                    help="comma-separated prompt sources: code-stdlib, code-codeio, code-pkgs, chat-web, chat-sharegpt "
                         "(multi-turn; the target answers every turn), and code-stdlib-alt, code-pkgs-alt, "
-                        "code-codeio-alt, chat-web-alt (the same material under another instruction: new prompts)")
+                        "code-codeio-alt, chat-web-alt (the same material under another instruction: new prompts), math-gsm "
+                        "(math word problems from templates the 'math' eval set never uses)")
     s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources "
                    "(default: none, the built-in --sources)")
     s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     s = parser("eval", "τ, per-position acceptance and speedup of a draft (reference loop)")
     s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
     s.add_argument("--draft", default=None, help=draft_help)
-    s.add_argument("--prompts", default="humaneval", help="'humaneval', 'chat' or a JSONL file (prompt/messages)")
+    s.add_argument("--prompts", default="humaneval", help="'humaneval', 'chat', 'sharegpt', 'open-chat' (held-out open-ended "
+                   "chat; 'open-chat/CATEGORY' for one category), 'math' (held-out word problems) or a JSONL file")
     s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")
     s.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt at most")
     s.add_argument("--block-size", type=int, default=None, help="block size (default: the draft's)")
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                "normalised user turns and hashed-shingle containment); exit 1 on a hit")
     s.add_argument("--data", required=True, help="collection folder(s) (vllm-dflash collect --out), comma-separated")
     s.add_argument("--sets", default="humaneval,chat,sharegpt",
-                   help="comma-separated evaluation prompt sets: humaneval, chat, sharegpt or JSONL files")
+                   help="comma-separated evaluation prompt sets: humaneval, chat, sharegpt, math or JSONL files")
     s.add_argument("--target", default=None,
                    help="target folder whose tokenizer decodes the records (default: SmolLM2-135M-Instruct)")
     s.add_argument("--containment", type=float, default=0.8,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SETS = ("humaneval", "chat", "sharegpt")
+DEFAULT_SETS = ("humaneval", "chat", "sharegpt", "math")  # open-chat is a subset of sharegpt
 SHINGLE_WORDS = 8
 MIN_SHINGLES = 4
 CONTAINMENT = 0.8

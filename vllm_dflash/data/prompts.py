@@ -37,7 +37,7 @@ def load_prompt_file(path: str | Path, limit: int | None = None) -> list[dict[st
     """JSONL, one object per line with a `prompt` string or a `messages` list."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"prompts: {path} does not exist. Fix: pass a JSONL file, or 'humaneval' / 'chat' / 'sharegpt'")
+        raise FileNotFoundError(f"prompts: {path} does not exist. Fix: pass a JSONL file, or 'humaneval' / 'chat' / 'sharegpt' / 'open-chat[/CATEGORY]' / 'math'")
     items = []
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
@@ -66,7 +66,25 @@ def get_prompts(name_or_path: str, limit: int | None = None) -> list[dict[str, A
         from vllm_dflash.data.sources import sharegpt_eval_prompts
 
         return sharegpt_eval_prompts(limit)
+    if name_or_path == "open-chat" or name_or_path.startswith("open-chat/"):
+        items = _open_chat_set(name_or_path.partition("/")[2])
+        return items[:limit] if limit else items
+    if name_or_path == "math":
+        from vllm_dflash.data.open_sets import math_eval_prompts
+
+        return math_eval_prompts(limit)
     return load_prompt_file(name_or_path, limit)
+
+
+def _open_chat_set(category: str) -> list[dict[str, Any]]:
+    """open-chat (vllm_dflash.data.open_sets), or one category of it ('open-chat/coding')."""
+    from vllm_dflash.data.open_sets import CATEGORIES, open_chat
+    from vllm_dflash.data.sources import sharegpt_eval_prompts
+
+    if category and category not in CATEGORIES:
+        raise ValueError(f"prompts: open-chat has no category {category!r}. Fix: use one of {', '.join(CATEGORIES)}")
+    items = open_chat(sharegpt_eval_prompts())
+    return [it for it in items if it["category"] == category] if category else items
 
 
 def render(tokenizer: Any, item: dict[str, Any]) -> list[int]:

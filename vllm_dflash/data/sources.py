@@ -26,6 +26,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Iterator
 
+from vllm_dflash.data.open_sets import math_training_prompts
+
 CODE_TEMPLATES = [
     "Complete this Python function:\n{code}",
     "Explain what this Python function does, step by step:\n```python\n{code}\n```",
@@ -201,7 +203,9 @@ SOURCES = {"code-stdlib": stdlib_code_prompts, "code-codeio": codeio_prompts, "c
            "code-stdlib-alt": functools.partial(stdlib_code_prompts, variant=1),
            "code-pkgs-alt": functools.partial(package_code_prompts, variant=1),
            "code-codeio-alt": functools.partial(codeio_prompts, variant=1),
-           "chat-web-alt": functools.partial(web_chat_prompts, variant=1)}
+           "chat-web-alt": functools.partial(web_chat_prompts, variant=1),
+           # GSM-Symbolic templates that the `math` eval set never uses (data/open_sets.py)
+           "math-gsm": math_training_prompts}
 
 
 def training_prompts(sources: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
