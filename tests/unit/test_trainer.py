@@ -193,3 +193,30 @@ def test_hinted_blocks_feed_each_anchors_own_lookup(pair, data, tmp_path):
     assert tpf["merged"] >= tpf["lookup"]  # the block only fills slots the lookup left empty
     t.save_checkpoint()
     assert DFlashDraftModel.from_pretrained(tmp_path / "run" / "checkpoint", target=tgt).config.hint_ngram == (2, 4)
+
+
+def test_evaluate_counts_slot1_second_choice(pair, data, monkeypatch):
+    """r (issue 54.6): among the plain block's slot-1 misses on the replayed walk, the share whose second choice is
+    the target's token. With drafts forced (first choice always wrong, so the walk visits all 19 anchors), a second
+    choice right at every other anchor gives r = 10/19, and a second choice never right gives 0."""
+    import functools
+
+    tgt, _, held = data
+    t = _trainer(pair, tgt)
+    ds = TrajectoryDataset([{"id": "x", "prompt_ids": list(range(100, 110)), "response_ids": list(range(110, 130))}])
+    # response tokens 110..129: anchors 10..28
+
+    def forced(seq, anchors, hints=None, chunk=64, second_choice=False, right_every=2):
+        nxt = torch.tensor(seq.tokens)[anchors + 1]  # [A] the token each anchor's slot 1 must guess
+        first = torch.full((len(anchors), t.block_size - 1), 7)  # [A, B-1], never right
+        second = first.clone()
+        hit = torch.arange(len(anchors)) % right_every == 0
+        second[hit, 0] = nxt[hit]
+        return (first, second) if second_choice else first
+
+    monkeypatch.setattr(t, "_draft_all", forced)
+    r = t.evaluate(ds, estimate_speedup=False)["slot1_second_choice"]
+    assert r["misses"] == 19 and r["caught"] == 10 and r["r"] == pytest.approx(10 / 19)
+    monkeypatch.setattr(t, "_draft_all", functools.partial(forced, right_every=10**6))
+    r = t.evaluate(ds, estimate_speedup=False)["slot1_second_choice"]
+    assert r["misses"] == 19 and r["caught"] == 1  # anchor 0 only (0 % 10**6 == 0)

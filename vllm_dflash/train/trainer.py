@@ -406,13 +406,14 @@ class BlockDiffusionTrainer:
         methods = ["dflash", "lookup", "merged"] + (["hinted", "hinted_merged"] if d.config.hint_ngram else [])
         tokens = dict.fromkeys(methods, 0)
         steps = dict.fromkeys(methods, 0)
+        slot1_misses = slot1_second = 0  # r: the share of slot-1 misses the draft's second choice would catch
         for s in eval_dataset.items:
             L = len(s.tokens)
             if L - s.prompt_len < 2:
                 continue
             anchors = torch.arange(s.prompt_len, L - 1)
             hints = torch.from_numpy(anchor_hints(np.asarray(s.tokens), anchors.numpy(), B - 1, *ngram))
-            plain = self._draft_all(s, anchors)  # [A, B-1] target ids
+            plain, second = self._draft_all(s, anchors, second_choice=True)  # [A, B-1] target ids each
             rows = {"dflash": plain, "lookup": hints, "merged": torch.where(hints >= 0, hints, plain)}
             if d.config.hint_ngram:
                 hinted = self._draft_all(s, anchors, hints)
@@ -428,26 +429,33 @@ class BlockDiffusionTrainer:
                     a = int(torch.cumprod(match, 0).sum())
                     if served:
                         stats.record(B - 1, a)
+                    if name == "dflash" and a == 0:  # a slot-1 miss of the plain block
+                        slot1_misses += 1
+                        slot1_second += int(second[p - s.prompt_len, 0] == toks[p + 1])
                     tokens[name] += a + 1
                     steps[name] += 1
                     p += a + 1
         d.train()
         out = {"acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
                "histogram": stats.histogram, "num_steps": stats.num_steps,
-               "tokens_per_forward": {m: tokens[m] / max(steps[m], 1) for m in methods}}
+               "tokens_per_forward": {m: tokens[m] / max(steps[m], 1) for m in methods},
+               "slot1_second_choice": {"misses": slot1_misses, "caught": slot1_second,
+                                       "r": slot1_second / max(slot1_misses, 1)}}
         if estimate_speedup:
             out.update(self.estimate_speedup(stats.acceptance_length))
         return out
 
-    def _draft_all(self, s, anchors: torch.Tensor, hints: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
+    def _draft_all(self, s, anchors: torch.Tensor, hints: torch.Tensor | None = None, chunk: int = 64,
+                   second_choice: bool = False):
         """Greedy draft blocks at every anchor of sequence s -> [A, B-1] target ids. hints [A, B-1] (-1 = none): fed
-        into the blocks ([anchor, h1 .. hm, MASK ..]) as a hinted draft sees them in serving."""
+        into the blocks ([anchor, h1 .. hm, MASK ..]) as a hinted draft sees them in serving. second_choice: also
+        the draft's second most likely token at each slot -> ([A, B-1], [A, B-1])."""
         d, B, dev = self.draft, self.block_size, self.device
         feats = self.features([s], dev, torch.float32)
         S = feats.shape[1]
         ctx_kv = d.context_kv(d.fuse(feats), torch.arange(S, device=dev)[None])
         toks = torch.tensor(s.tokens)
-        outs = []
+        outs, seconds = [], []
         for c in range(0, len(anchors), chunk):
             a = anchors[c: c + chunk]
             A = len(a)
@@ -459,8 +467,10 @@ class BlockDiffusionTrainer:
             pos = (a[:, None] + torch.arange(B)).view(1, -1)
             mask = block_attention_mask(a, S, B)[None]
             h = d(d.embed(ids.view(1, -1).to(dev)), pos.to(dev), ctx_kv, mask.to(dev)).view(A, B, -1)[:, 1:]
-            outs.append(d.draft_to_target[d.logits(h).argmax(-1)].cpu())
-        return torch.cat(outs)
+            top = d.logits(h).topk(2, dim=-1).indices  # [A, B-1, 2] draft-vocabulary ids
+            outs.append(d.draft_to_target[top[..., 0]].cpu())
+            seconds.append(d.draft_to_target[top[..., 1]].cpu())
+        return (torch.cat(outs), torch.cat(seconds)) if second_choice else torch.cat(outs)
 
     def estimate_speedup(self, tau: float, context: int = 256, reps: int = 3) -> dict[str, float]:
         """Reference-loop speedup implied by τ: τ·t(target, 1 token) / (t(target, B tokens) + t(draft block))."""
