@@ -19,6 +19,16 @@ from pathlib import Path
 DATA = ",".join(f"data/collect/smollm2-{n}" for n in ("v1", "v2", "gpu1", "gpu2", "gpu3"))
 
 
+def cpu_kind() -> str:
+    """The CPU model and whether it has avx512_bf16 (figures depend on the machine kind)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    return f"{model} ({'avx512_bf16' if 'avx512_bf16' in info else 'no avx512_bf16'})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draft", default="models/SmolLM2-135M-Instruct-DFlash-b8")
@@ -45,7 +55,7 @@ def main() -> None:
     trainer = BlockDiffusionTrainer(draft, tgt, out_dir=None)
     ev = trainer.evaluate(held, estimate_speedup=False)
     res = {"draft": a.draft, "sequences": len(held.items), "seconds": round(time.time() - t0, 1),
-           "cpu": platform.processor() or platform.machine(), "dtype": "float32",
+           "cpu": cpu_kind(), "dtype": "float32",
            "slot1_second_choice": ev["slot1_second_choice"], "acceptance_length": ev["acceptance_length"],
            "tokens_per_forward": ev["tokens_per_forward"]}
     Path(a.out).write_text(json.dumps(res, indent=1))
