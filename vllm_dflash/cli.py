@@ -201,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--init-draft", default=None,
                    help="fine-tune: start from this trained draft's weights (architecture and mask from it; the draft "
                         "vocabulary is rebuilt from the data; new runs only) (default: none, a new draft)")
-    s.add_argument("--layers", type=int, default=1, help="draft decoder layers")
+    s.add_argument("--layers", type=int, default=None,
+                   help="draft decoder layers (default: 1 for a new draft, the --init-draft's own count when "
+                        "fine-tuning; more than that grows it, each new layer starting as the identity)")
     s.add_argument("--block-size", type=int, default=8, help="draft block size")
     s.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary (0 = full)")
     s.add_argument("--mask-token-id", type=int, default=None,

@@ -50,15 +50,34 @@ def init_layers_from_target(draft, target) -> int:
     return copied
 
 
-def init_from_draft(path: str | Path, target, vocab_ids: torch.Tensor | None):
+def init_from_draft(path: str | Path, target, vocab_ids: torch.Tensor | None, num_layers: int | None = None):
     """Fine-tuning start: a trained draft's weights (layers, fc, norms) under a new reduced vocabulary. The output
-    layer is the target's frozen lm_head restricted to `vocab_ids`, so the trained weights do not depend on it."""
+    layer is the target's frozen lm_head restricted to `vocab_ids`, so the trained weights do not depend on it.
+
+    num_layers above the source's grows the draft: the source's layers come first, and each new layer starts as the
+    identity (its attention output and MLP down projections are zero, so the residual stream passes through): the
+    grown draft drafts exactly as the source before its first step, and training adds depth from there."""
     from vllm_dflash.model import DFlashDraftModel
 
     src = DFlashDraftModel.from_pretrained(path, target=target)
-    cfg = src.config.with_(draft_vocab_size=len(vocab_ids) if vocab_ids is not None else None)
+    have = src.config.num_hidden_layers
+    num_layers = have if num_layers is None else num_layers
+    if num_layers < have:
+        raise ValueError(f"--layers {num_layers}: fewer than the {have} layers of --init-draft {path}. Fix: --layers "
+                         f"{have} or more (more grows the draft), or start a new draft without --init-draft")
+    cfg = src.config.with_(draft_vocab_size=len(vocab_ids) if vocab_ids is not None else None,
+                           num_hidden_layers=num_layers)
     draft = DFlashDraftModel(cfg)
-    draft.load_state_dict(src.state_dict())
+    missing, unexpected = draft.load_state_dict(src.state_dict(), strict=False)
+    new_prefixes = tuple(f"layers.{i}." for i in range(have, num_layers))
+    if unexpected or any(not k.startswith(new_prefixes) for k in missing):
+        raise RuntimeError(f"--init-draft {path}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    with torch.no_grad():
+        for layer in draft.layers[have:]:
+            for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                lin.weight.zero_()
+                if lin.bias is not None:
+                    lin.bias.zero_()
     draft.bind_target(target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach(),
                       vocab_ids)
     return draft
@@ -80,7 +99,7 @@ def _heldout_for_run(held, out_dir: Path):
     return fixed
 
 
-def run_train(*, data: str, out: str, target: str | None = None, num_layers: int = 1, block_size: int = 8,
+def run_train(*, data: str, out: str, target: str | None = None, num_layers: int | None = None, block_size: int = 8,
               draft_vocab_size: int | None = 8192, mask_token_id: int | None = None, batch_size: int = 1,
               num_epochs: int = 1, max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32,
               max_len: int = 640, eval_every: int = 1000, ckpt_every: int = 500, log_every: int = 50,
@@ -153,7 +172,7 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
         if draft_vocab_size:
             vocab_ids = frequent_vocab(train, draft_vocab_size, always=(tgt.config.eos_token_id,))
         if init_draft:
-            draft = init_from_draft(init_draft, tgt, vocab_ids)
+            draft = init_from_draft(init_draft, tgt, vocab_ids, num_layers)
             if mask_token_id is not None and mask_token_id != draft.config.mask_token_id:
                 raise ValueError(f"--mask-token-id {mask_token_id} differs from the mask of --init-draft "
                                  f"({draft.config.mask_token_id}). Fix: drop --mask-token-id")
@@ -162,7 +181,7 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
             logger.info("draft initialised from %s (fine-tuning%s)", init_draft,
                         f", hinted with n-grams {list(draft.config.hint_ngram)}" if draft.config.hint_ngram else "")
         else:
-            cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers, block_size=block_size,
+            cfg = DFlashConfig.for_target(tgt.config.to_dict(), num_layers=num_layers or 1, block_size=block_size,
                                           mask_token_id=mask_token_id, draft_vocab_size=draft_vocab_size
                                           ).with_(use_target_features=use_target_features, hint_ngram=hint_ngram)
             if vocab_ids is not None:
