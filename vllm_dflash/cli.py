@@ -104,7 +104,7 @@ def cmd_train(a: argparse.Namespace) -> int:
                     train_fraction=a.train_fraction, greedy_only=a.greedy_only, precision=a.precision,
                     run_steps=a.run_steps, run_minutes=a.run_minutes, device=a.device,
                     time_budget_minutes=a.time_budget_minutes,
-                    hint_ngram=tuple(a.hints) if a.hints else None, hint_prob=a.hint_prob)
+                    hint_ngram=tuple(a.hints) if a.hints else None, hint_prob=a.hint_prob, gamma=a.gamma)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="train a hinted draft: blocks [anchor, h1 .. hm, MASK ..] with the prompt-lookup continuation "
                         "(n-grams MIN_N..MAX_N, e.g. 2 4, as served) of each anchor's context (new runs and "
                         "--init-draft; stored in the draft's dflash_config.hint_ngram) (default: a plain draft)")
+    s.add_argument("--gamma", type=float, default=None,
+                   help="loss weight decay over block slots, w_k = exp(-(k-1)/gamma) (default: the paper's, 4 for "
+                        "block 8, 5 for 10, 7 for 16; smaller puts more weight on the first slots)")
     s.add_argument("--hint-prob", type=float, default=0.75,
                    help="hinted drafts: share of blocks fed their hints where the lookup matches (the rest are plain)")
     s.set_defaults(fn=cmd_train)

@@ -48,11 +48,14 @@ def build_target(stash: Path, out: Path) -> Path:
 
 
 def generate(target: Path, prompts: Path, gen_dir: Path, until: float, batch: int, max_new: int,
-             max_prompt: int, wave: int, device: str) -> dict:
+             max_prompt: int, wave: int, device: str, sample_fraction: float = 0.0, temperature: float = 0.7) -> dict:
+    """sample_fraction: the share of prompts (by a hash of the id, `collect`'s rule) answered by sampling at
+    `temperature` instead of greedily: target samples train a draft towards the target's distribution (the
+    cross-entropy on samples is KL(p || q) plus a constant in expectation), for sampled serving."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vllm_dflash.data.collect import encode_part
+    from vllm_dflash.data.collect import _is_sampled, encode_part
     from vllm_dflash.data.prompts import render
 
     tok = AutoTokenizer.from_pretrained(str(target))
@@ -60,14 +63,15 @@ def generate(target: Path, prompts: Path, gen_dir: Path, until: float, batch: in
     eos = int(model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else model.config.eos_token_id[0])
     items = [json.loads(line) for line in lzma.open(prompts, "rt")]
     gen_dir.mkdir(parents=True, exist_ok=True)
-    man = {"generator": f"transformers {__import__('transformers').__version__} generate, greedy, bf16, batch {batch}",
+    man = {"generator": f"transformers {__import__('transformers').__version__} generate, bf16, batch {batch}, "
+                        f"{sample_fraction:.0%} sampled at temperature {temperature}",
            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "max_new_tokens": max_new, "max_prompt_tokens": max_prompt,
            "prompts_file": prompts.name, "num_records": 0, "num_response_tokens": 0, "parts": 0, "skipped": {},
            "wall_time_s": 0.0}
     t_start = time.time()
 
     @torch.no_grad()
-    def run(batch_ids: list[list[int]]) -> list[tuple[list[int], str]]:
+    def run(batch_ids: list[list[int]], temp: float) -> list[tuple[list[int], str]]:
         P = max(len(x) for x in batch_ids)
         ids = torch.full((len(batch_ids), P), eos, dtype=torch.long)
         att = torch.zeros((len(batch_ids), P), dtype=torch.long)
@@ -75,7 +79,8 @@ def generate(target: Path, prompts: Path, gen_dir: Path, until: float, batch: in
             ids[i, P - len(x):] = torch.tensor(x)
             att[i, P - len(x):] = 1
         out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=max_new,
-                             do_sample=False, eos_token_id=eos, pad_token_id=eos).cpu()
+                             do_sample=temp > 0, temperature=temp if temp > 0 else None, top_p=None, top_k=None,
+                             eos_token_id=eos, pad_token_id=eos).cpu()
         res = []
         for row in out[:, P:].tolist():
             if eos in row:
@@ -102,18 +107,24 @@ def generate(target: Path, prompts: Path, gen_dir: Path, until: float, batch: in
                     man["skipped"]["prompt_too_long"] = man["skipped"].get("prompt_too_long", 0) + 1
                     continue
                 kept.append((it, msgs, rest, turn, ids))
-            kept.sort(key=lambda k: len(k[4]))
-            nxt = []
+            kept.sort(key=lambda k: (_is_sampled(k[0]["id"], sample_fraction), len(k[4])))  # greedy first, by length
+            chunks = []
             for b0 in range(0, len(kept), batch):
+                part = kept[b0: b0 + batch]
+                for flag in (False, True):  # a chunk is all greedy or all sampled
+                    sub = [k for k in part if _is_sampled(k[0]["id"], sample_fraction) == flag]
+                    if sub:
+                        chunks.append((sub, temperature if flag else 0.0))
+            nxt = []
+            for chunk, temp in chunks:
                 if time.time() >= until:
                     break
-                chunk = kept[b0: b0 + batch]
-                for (it, msgs, rest, turn, ids), (resp, why) in zip(chunk, run([k[4] for k in chunk])):
+                for (it, msgs, rest, turn, ids), (resp, why) in zip(chunk, run([k[4] for k in chunk], temp)):
                     if len(resp) == 0:
                         continue
                     rid = it["id"] if turn == 0 else f"{it['id']}#t{turn}"
                     records.append({"id": rid, "source": it.get("source", "file"), "prompt_ids": ids,
-                                    "response_ids": resp, "temperature": 0.0, "finish_reason": why, "turn": turn})
+                                    "response_ids": resp, "temperature": temp, "finish_reason": why, "turn": turn})
                     if rest and msgs is not None:
                         reply = tok.decode(resp, skip_special_tokens=True)
                         nxt.append((it, msgs + [{"role": "assistant", "content": reply},
@@ -176,10 +187,16 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--wave", type=int, default=4096)
     ap.add_argument("--max-new-tokens", type=int, default=384)
-    ap.add_argument("--variants", default="l1:--layers 1;l2:--layers 2;"
-                    "l1ft:--init-draft models/SmolLM2-135M-Instruct-DFlash-b8 --lr 3e-4")
+    # issue 54.5's arms side by side (README "Open-ended campaign"): v4 fine-tuned on greedy data only (control), on
+    # greedy + sampled answers (towards the target's distribution), with a steeper γ (2, default 4), grown to 2 layers
+    V4 = "--init-draft models/SmolLM2-135M-Instruct-DFlash-b8 --lr 3e-4"
+    ap.add_argument("--variants", default=f"ft:{V4};ftsamp:{V4} --no-greedy-only;"
+                    f"ftgamma:{V4} --no-greedy-only --gamma 2;l2grown:{V4} --no-greedy-only --layers 2")
     ap.add_argument("--train-args", default="--batch-size 32 --anchors 64 --lr 6e-4 --log-every 20 --threads 4")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sample-fraction", type=float, default=0.0,
+                    help="share of prompts answered by sampling (open-ended campaign: 0.5)")
+    ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--data", default="data/collect/smollm2-v1,data/collect/smollm2-v2")
     a = ap.parse_args()
     stash, out, work = Path(a.stash), Path(a.out), Path(a.work)
@@ -191,7 +208,7 @@ def main() -> int:
     gen_dir = work / "gen"
     try:
         man = generate(target, next(stash.glob("p*/prompts.jsonl.xz")), gen_dir, T0 + a.gen_s, a.batch, a.max_new_tokens,
-                       768, a.wave, a.device)
+                       768, a.wave, a.device, a.sample_fraction, a.temperature)
         log(f"gen done: {json.dumps({k: man.get(k) for k in ('num_records', 'num_response_tokens', 'tokens_per_s')})}")
     except Exception:  # noqa: BLE001 - training still runs on the committed data
         (work / "gen_error.txt").write_text(traceback.format_exc())

@@ -108,7 +108,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
               standardize_features: bool = False, train_fraction: float = 1.0, greedy_only: bool = True,
               precision: str = "auto", run_steps: int | None = None, run_minutes: float | None = None,
               device: str = "auto", time_budget_minutes: float | None = None,
-              hint_ngram: tuple[int, int] | None = None, hint_prob: float = 0.75) -> dict[str, Any]:
+              hint_ngram: tuple[int, int] | None = None, hint_prob: float = 0.75,
+              gamma: float | None = None) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -212,7 +213,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
                                     ckpt_every=ckpt_every, log_every=log_every, diffusion_steps=diffusion_steps,
                                     feature_cache=feature_cache, standardize_features=standardize_features,
                                     autocast_bf16=autocast, run_steps=run_steps, run_minutes=run_minutes,
-                                    time_budget_minutes=time_budget_minutes, hint_prob=hint_prob)
+                                    time_budget_minutes=time_budget_minutes, hint_prob=hint_prob,
+                                    gamma=gamma)
     result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held_run,
                            eval_every=eval_every, max_steps=max_steps)
     # the speed-up estimate times the reference loop on this device: meaningful for CPU serving only
