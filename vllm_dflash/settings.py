@@ -19,6 +19,7 @@ with a one-time warning naming the new one. Every bad value raises `DFlashConfig
 from and the fix."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -377,14 +378,12 @@ def _warn_deprecated(old: str, new: str, ignored: bool) -> None:
     if old in _WARNED:
         return
     _WARNED.add(old)
-    from vllm_dflash.utils import get_logger
-
+    log = logging.getLogger(__name__)  # not utils.get_logger: utils reads settings (no import circle)
     if ignored:
-        get_logger(__name__).warning("vllm_dflash: %s is deprecated and ignored because %s is set; unset %s", old,
-                                     new, old)
+        log.warning("vllm_dflash: %s is deprecated and ignored because %s is set; unset %s", old, new, old)
     else:
-        get_logger(__name__).warning("vllm_dflash: %s is deprecated (VLLM_* names belong to vLLM); rename it to %s "
-                                     "(the old name is still read in this release)", old, new)
+        log.warning("vllm_dflash: %s is deprecated (VLLM_* names belong to vLLM); rename it to %s "
+                    "(the old name is still read in this release)", old, new)
 
 
 def raw_env(name: str, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
