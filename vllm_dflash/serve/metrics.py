@@ -25,6 +25,7 @@ Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import tempfile
@@ -32,6 +33,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Iterable
+
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
 
 _HOST = socket.gethostname()
 ENV_DIR = "DFLASH_METRICS_DIR"  # settings.env_name("metrics_dir"); read through settings (deprecated alias too)
@@ -81,6 +86,9 @@ COUNTERS = {
                         "without a DFlash token, where keeping the context rows cost a measurable share of a step "
                         "(they draft by prompt lookup only from then on).",
 }
+SKIPPED = "metrics_snapshots_skipped"  # counted by the collector itself, not merged from snapshots
+SKIPPED_DOC = ("Files in the metrics folder that were not valid snapshots (wrong shape, unreadable) and were left out "
+               "of these metrics; each distinct file (name, modification time, size) counts once.")
 
 
 def _env_dir() -> str | None:
@@ -224,10 +232,46 @@ def _writer_alive(snap: dict) -> bool:
     return True
 
 
-def read_snapshots(directory: str | Path | None = None, prune: bool = False) -> list[dict]:
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def snapshot_problem(snap) -> str | None:
+    """Why a snapshot cannot be merged, or None. A snapshot is checked whole before any of it is merged: a wrong
+    shape (another plugin version's file, a hand-placed one) must not raise in the collector, which would fail the
+    whole of /metrics (vLLM's own metrics share the registry), nor be merged in part (a histogram with another
+    bucket count would be cut to the shorter one). Names this version does not know are ignored."""
+    if not isinstance(snap, dict):
+        return f"a JSON {type(snap).__name__}, not an object"
+    if "time" in snap and not _finite(snap["time"]):
+        return "time is not a number"
+    for part in ("hists", "gauges", "counters"):
+        if not isinstance(snap.get(part, {}), dict):
+            return f"{part} is not an object"
+    for name, h in snap.get("hists", {}).items():
+        if name not in HISTOGRAMS:
+            continue
+        n = len(HISTOGRAMS[name][1])
+        if not isinstance(h, dict):
+            return f"histogram {name} is not an object"
+        counts = h.get("counts")
+        if not isinstance(counts, list) or len(counts) != n or not all(_finite(c) for c in counts):
+            return f"histogram {name}: counts must be {n} numbers (one per bucket)"
+        if not _finite(h.get("sum")) or not _finite(h.get("count")):
+            return f"histogram {name}: sum and count must be numbers"
+    for part, known in (("gauges", GAUGES), ("counters", COUNTERS)):
+        for name, v in snap.get(part, {}).items():
+            if name in known and not _finite(v):
+                return f"{part[:-1]} {name} is not a number"
+    return None
+
+
+def read_snapshots(directory: str | Path | None = None, prune: bool = False,
+                   skipped: list[tuple[Path, str]] | None = None) -> list[dict]:
     """Snapshots of the processes still running. A snapshot whose writer has exited on this host is skipped (a
     metrics folder the user fixed with DFLASH_METRICS_DIR outlives a server; the previous server's counters must not
-    add to the new one's); prune: also delete those files (the owner does this once at start-up)."""
+    add to the new one's); prune: also delete those files (the owner does this once at start-up). A file that is not
+    a valid snapshot (`snapshot_problem`) is skipped, and (path, reason) appended to `skipped` when given."""
     d = Path(directory or _env_dir() or "")
     if not str(d) or not d.is_dir():
         return []
@@ -235,7 +279,15 @@ def read_snapshots(directory: str | Path | None = None, prune: bool = False) -> 
     for f in sorted(d.glob("proc-*.json")):
         try:
             snap = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
+        except FileNotFoundError:  # replaced or pruned between the listing and the read
+            continue
+        except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
+            problem = f"unreadable ({type(e).__name__})"
+        else:
+            problem = snapshot_problem(snap)
+        if problem is not None:
+            if skipped is not None:
+                skipped.append((f, problem))
             continue
         if not _writer_alive(snap):
             if prune:
@@ -250,7 +302,7 @@ def merged(snapshots: list[dict]) -> dict:
     hists = {k: {"counts": [0] * len(b), "sum": 0.0, "count": 0} for k, (_, b) in HISTOGRAMS.items()}
     counters = {k: 0.0 for k in COUNTERS}
     gauges: dict[str, float] = {}
-    for snap in sorted(snapshots, key=lambda s: s.get("time", 0)):
+    for snap in sorted(snapshots, key=lambda s: s.get("time", 0)):  # valid ones (read_snapshots checked them)
         for k, h in snap.get("hists", {}).items():
             if k in hists:
                 hists[k]["counts"] = [a + b for a, b in zip(hists[k]["counts"], h["counts"])]
@@ -265,22 +317,39 @@ def merged(snapshots: list[dict]) -> dict:
 
 
 class DFlashCollector:
-    """prometheus_client custom collector exporting the merged snapshots."""
+    """prometheus_client custom collector exporting the merged snapshots. It never raises for what is in the folder:
+    a file that is not a valid snapshot is left out, logged once, and counted in `SKIPPED` (the number of distinct bad
+    files this collector has seen: a file counts again only when it changes)."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
+        self._bad: set[tuple[str, int, int]] = set()  # (name, mtime_ns, size) of every bad file seen
 
     def describe(self) -> Iterable:
         return []  # unchecked collector: never clashes with vLLM's unregister_vllm_metrics()
 
+    def _note_skipped(self, skipped: list[tuple[Path, str]]) -> None:
+        for f, problem in skipped:
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            key = (f.name, st.st_mtime_ns, st.st_size)
+            if key not in self._bad:
+                self._bad.add(key)
+                logger.warning("vllm_dflash: metrics snapshot %s skipped: %s (counted in %s%s_total)", f, problem,
+                               PREFIX, SKIPPED)
+
     def collect(self) -> Iterable:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        m = merged(read_snapshots(self.directory))
+        skipped: list[tuple[Path, str]] = []
+        m = merged(read_snapshots(self.directory, skipped=skipped))
+        self._note_skipped(skipped)
         for name, (doc, buckets) in HISTOGRAMS.items():
             h = m["hists"][name]
             cum, acc = [], 0
-            for b, c in zip(buckets, h["counts"]):
+            for b, c in zip(buckets, h["counts"], strict=True):
                 acc += c
                 cum.append((repr(float(b)), acc))
             cum.append(("+Inf", h["count"]))
@@ -293,6 +362,9 @@ class DFlashCollector:
             c = CounterMetricFamily(PREFIX + name, doc)
             c.add_metric([], m["counters"].get(name, 0.0))
             yield c
+        c = CounterMetricFamily(PREFIX + SKIPPED, SKIPPED_DOC)
+        c.add_metric([], float(len(self._bad)))
+        yield c
 
 
 def is_output_rank() -> bool:
