@@ -277,8 +277,9 @@ class ProcessSettings:
     metrics_dir: str | None = _setting(
         None, type="path", allowed="a folder", shown_default="a temporary folder made by the first process",
         parse=_text_or_none, spec_key=False,
-        doc="Where every process writes its metrics snapshot for the API server's /metrics collector; set by the "
-            "first process that loads the plugin and inherited by the engine and worker processes.",
+        doc="The folder in which each server makes a private folder of its own (removed at exit) where its "
+            "processes write their metrics snapshots for the API server's /metrics collector (default: the system's "
+            "temporary folder). The server exports its folder here to the processes vLLM starts for it.",
         fix="set it to a writable folder path")
     profile: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
