@@ -278,8 +278,9 @@ class ProcessSettings:
     metrics_dir: str | None = _setting(
         None, type="path", allowed="a folder", shown_default="a temporary folder made by the first process",
         parse=_text_or_none, spec_key=False,
-        doc="Where every process writes its metrics snapshot for the API server's /metrics collector; set by the "
-            "first process that loads the plugin and inherited by the engine and worker processes.",
+        doc="The folder in which each server makes a private folder of its own (removed at exit) where its "
+            "processes write their metrics snapshots for the API server's /metrics collector (default: the system's "
+            "temporary folder). The server exports its folder here to the processes vLLM starts for it.",
         fix="set it to a writable folder path")
     profile: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
@@ -289,8 +290,14 @@ class ProcessSettings:
         None, type="path", allowed="a folder", shown_default="off", parse=_text_or_none, spec_key=False,
         doc="Adaptive drafting: write one JSON line per engine step (batch, query and produced tokens, the step's "
             "measured time, the guard's arm and rates, the plan's sources and lengths) to "
-            "`<folder>/trace-<pid>.jsonl`, to see what the cost model and the guard decide on (docs/ADAPTIVE.md).",
+            "`<folder>/trace-<pid>.jsonl`, to see what the cost model and the guard decide on (docs/ADAPTIVE.md). "
+            "A write error (full disk, folder removed) turns the trace off with one warning; serving goes on.",
         fix="set it to a writable folder path")
+    trace_max_mb: float = _setting(
+        64.0, type="float", allowed="> 0 (MiB)", shown_default="64", parse=_pos_float, spec_key=False,
+        doc="With `trace`: the size at which a trace file is rotated (renamed to `trace-<pid>.jsonl.1`, replacing the "
+            "one before), so a trace takes at most twice this on disk.",
+        fix="use a number of MiB > 0")
     skip_version_check: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
         doc="Apply the patches on a vLLM other than 0.32.x (at your own risk; docs/CONTRACTS.md).", fix="use 1 or 0")

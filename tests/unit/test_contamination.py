@@ -124,3 +124,49 @@ def test_sharegpt_eval_split_has_no_training_duplicates():
     assert len(held) > 300
     assert not [it["id"] for it in held if normalize(it["messages"][-1]["content"]) in train]
     assert all(split_of(it["id"]) == "eval" for it in held)
+
+
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                   "{{ m['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def llama3_tok(pair):
+    """The tiny target's tokenizer with Llama 3's turn markers as special tokens and its chat template."""
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(str(pair / "target"))
+    t.add_special_tokens({"bos_token": "<|begin_of_text|>",
+                         "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
+    t.chat_template = LLAMA3_TEMPLATE
+    return t
+
+
+def test_a_verbatim_prompt_is_an_exact_hit_whatever_the_template(tmp_path, tok, llama3_tok, humaneval):
+    """A HumanEval prompt verbatim in a Llama-3-rendered record (with a system turn before it), and in a plain prompt
+    rendered with no template at all: both are `exact` hits, and the Llama 3 record's user turn is found as such.
+    Regression (issue 51 item 11, review L-5): the user-turn regex knew ChatML only, so neither was an exact hit
+    (the whole rendered prompt was compared as one turn)."""
+    from vllm_dflash.data.contamination import decode_records
+
+    he = humaneval_prompts()
+    verbatim = he[0]["messages"][0]["content"]
+    msgs = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": verbatim}]
+    ids = llama3_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert "<|start_header_id|>user<|end_header_id|>" in llama3_tok.decode(ids)
+    d = _folder(tmp_path / "llama3", llama3_tok, {"code:clean-0": CLEAN_PROMPTS[0]})
+    plain = tok.encode(verbatim)
+    recs = [{"id": "code:llama3", "source": "test", "prompt_ids": ids, "response_ids": plain[:4], "temperature": 0.0,
+             "finish_reason": "stop", "turn": 0},
+            {"id": "code:plain", "source": "test", "prompt_ids": plain, "response_ids": plain[:4],
+             "temperature": 0.0, "finish_reason": "stop", "turn": 0}]
+    (d / "part-00001.npz").write_bytes(encode_part(recs))
+    (d / "manifest.json").write_text(json.dumps({"done_ids": ["code:clean-0", "code:llama3", "code:plain"],
+                                                 "num_records": 3, "parts": 2}))
+    s = check_data([d], llama3_tok, sets=humaneval, heldout=False)["sets"]["humaneval"]
+    assert s["exact"] == {"HumanEval/0": ["code:llama3", "code:plain"]}
+    assert s["hits"] == ["HumanEval/0"]
+    (llama3,) = [t for t in decode_records(recs[:1], llama3_tok)]
+    assert [text_hash(u) for u in llama3.turns] == [text_hash(verbatim)]  # the user turn, not the system one

@@ -220,3 +220,41 @@ def test_evaluate_counts_slot1_second_choice(pair, data, monkeypatch):
     monkeypatch.setattr(t, "_draft_all", functools.partial(forced, right_every=10**6))
     r = t.evaluate(ds, estimate_speedup=False)["slot1_second_choice"]
     assert r["misses"] == 19 and r["caught"] == 1  # anchor 0 only (0 % 10**6 == 0)
+
+
+class _Payload:
+    """Unpickling this calls os.mkdir(marker): proof that a checkpoint ran code when loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (self.marker,)
+
+
+def test_a_checkpoint_with_a_pickle_payload_is_refused(pair, data, tmp_path):
+    """Export and resume load trainer_state.pt with weights_only=True: the real layout (optimizer, scheduler, state,
+    config, RNG) still loads, and a file that unpickles to a call (here os.mkdir) is refused before the call runs.
+    Regression (issue 51 item 8): weights_only=False ran the payload when exporting or resuming a run folder."""
+    import pickle
+
+    from vllm_dflash.train.export import export_draft
+
+    tgt, train, _ = data
+    t = _trainer(pair, tgt, out=tmp_path / "run")
+    t.train(train, batch_size=8, num_epochs=1, max_steps=1, progress=False)
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert export_draft(tmp_path / "run", tmp_path / "draft", target=str(pair / "target"))["step"] == 1
+    _trainer(pair, tgt, out=tmp_path / "run").load_checkpoint(ckpt)
+
+    marker = tmp_path / "payload_ran"
+    st = torch.load(ckpt / "trainer_state.pt", weights_only=True)
+    st["state"]["history"].append(_Payload(marker))
+    torch.save(st, ckpt / "trainer_state.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        export_draft(tmp_path / "run", tmp_path / "draft2", target=str(pair / "target"))
+    with pytest.raises(pickle.UnpicklingError):
+        _trainer(pair, tgt, out=tmp_path / "run").load_checkpoint(ckpt)
+    assert not marker.exists(), "loading the checkpoint ran its code"

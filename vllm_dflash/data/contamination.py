@@ -8,8 +8,11 @@ compared as text with the evaluation prompt sets the project reports on (`humane
 collapsed to one space, lowercase.
 
   id        an evaluation id among the training records' ids (a multi-turn record `ID#tK` counts as ID)
-  exact     the SHA-1 of a normalised evaluation prompt (the user turn) equals that of a user turn of a training
-            prompt (every turn of a multi-turn record)
+  exact     the SHA-1 of a normalised evaluation prompt (the user turn) equals that of a piece of a training
+            prompt: the whole prompt, or a piece between two template markers (the tokenizer's special and added
+            tokens, and any `<|...|>` tag), with a leading role line (`user`, ...) dropped. So any chat template
+            (ChatML, Llama 3, Gemma, ...) and a plain prompt without one are covered, every turn of a multi-turn
+            record included
   contained the evaluation text (HumanEval: the function signature + docstring without the instruction line;
             otherwise the user turn) inside a training prompt or response: at least `containment` of its hashed
             8-word shingles occur in one training record's text. Texts under `min_shingles` shingles (~11 words)
@@ -25,7 +28,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ DEFAULT_SETS = ("humaneval", "chat", "sharegpt", "math")  # open-chat is a subse
 SHINGLE_WORDS = 8
 MIN_SHINGLES = 4
 CONTAINMENT = 0.8
-_USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+_TAG = re.compile(r"<\|[^<>|\s]{1,64}\|>")  # <|im_start|>, <|start_header_id|>, <|eot_id|>: any template's tags
+_ROLES = frozenset({"user", "assistant", "system", "developer", "tool", "human", "gpt", "model"})
 _TURN_SUFFIX = re.compile(r"#t\d+$")
 
 
@@ -71,9 +75,42 @@ class EvalPrompt:
 @dataclass
 class TrainText:
     id: str
-    turns: list[str]  # user turns of the prompt
+    turns: list[str]  # user turns of the prompt (the whole prompt when no template marks them)
     prompt: str  # the whole decoded prompt (system, user and earlier assistant turns)
     response: str
+    pieces: list[str] = field(default_factory=list)  # compared by hash too: the prompt split at template markers
+
+
+def template_markers(tokenizer: Any) -> list[str]:
+    """The strings a chat template puts between turns: the tokenizer's special and added tokens, longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    try:
+        found |= set(tokenizer.get_added_vocab())
+    except (AttributeError, NotImplementedError):
+        pass
+    return sorted((t for t in found if isinstance(t, str) and t.strip()), key=len, reverse=True)
+
+
+def split_prompt(prompt: str, markers: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(user turns, pieces) of a rendered prompt, whatever its template: the prompt is cut at every marker and
+    `<|...|>` tag; a piece whose first line is a role name (`user`, `assistant`, ...) loses that line, and a piece
+    that is only a role name labels the next one (Llama 3: `<|start_header_id|>user<|end_header_id|>\n\nTEXT`).
+    The user turns are the pieces labelled `user` (none found: the whole prompt is the one turn); the pieces are every
+    labelled or unlabelled piece and the whole prompt."""
+    pattern = "|".join([re.escape(m) for m in markers] + [_TAG.pattern])
+    raw = [p for p in re.split(pattern, prompt) if p.strip()]
+    turns, pieces, role = [], [prompt], None
+    for p in raw:
+        head, _, rest = p.strip().partition("\n")
+        if head.strip().lower() in _ROLES:
+            role, p = head.strip().lower(), rest
+            if not p.strip():
+                continue  # the role alone: it labels the next piece
+        pieces.append(p)
+        if role == "user":
+            turns.append(p)
+        role = None
+    return turns or [prompt], pieces
 
 
 def eval_prompts(name: str, items: Iterable[dict[str, Any]]) -> list[EvalPrompt]:
@@ -116,14 +153,15 @@ def load_training_records(folders: Sequence[str | Path]) -> list[dict[str, Any]]
 
 
 def decode_records(records: Sequence[dict[str, Any]], tokenizer: Any) -> list[TrainText]:
-    """Token ids -> text with the target's tokenizer (special tokens kept to find the ChatML user turns; a prompt
-    without them is one turn)."""
+    """Token ids -> text with the target's tokenizer (special tokens kept: they mark the turns, `split_prompt`)."""
     kw = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
     prompts = tokenizer.batch_decode([list(r["prompt_ids"]) for r in records], **kw)
     responses = tokenizer.batch_decode([list(r["response_ids"]) for r in records], **kw)
+    markers = template_markers(tokenizer)
     out = []
     for r, p, resp in zip(records, prompts, responses, strict=True):
-        out.append(TrainText(r["id"], _USER_TURN.findall(p) or [p], p, resp))
+        turns, pieces = split_prompt(p, markers)
+        out.append(TrainText(r["id"], turns, p, resp, pieces))
     return out
 
 
@@ -134,7 +172,7 @@ def find_hits(evals: Sequence[EvalPrompt], train: Sequence[TrainText], containme
     by_hash: dict[str, list[str]] = defaultdict(list)
     for t in train:
         train_ids[base_id(t.id)].append(t.id)
-        for h in {text_hash(u) for u in t.turns}:
+        for h in {text_hash(u) for u in [*t.turns, *t.pieces]}:
             by_hash[h].append(t.id)
     id_hits = {e.id: sorted(train_ids[e.id]) for e in evals if e.id in train_ids}
     exact = {e.id: sorted(by_hash[h]) for e in evals if (h := text_hash(e.turn)) in by_hash}
@@ -177,7 +215,8 @@ def check_data(folders: Sequence[str | Path], tokenizer: Any, sets: Sequence[str
     eval_sets = sets if isinstance(sets, dict) else load_eval_sets(sets)
     report: dict[str, Any] = {
         "data": [str(f) for f in folders], "records": len(records),
-        "method": f"normalised text (whitespace collapsed, lowercase); id match; SHA-1 of user turns; >= "
+        "method": f"normalised text (whitespace collapsed, lowercase); id match; SHA-1 of the prompt and its "
+                  f"pieces between template markers; >= "
                   f"{containment:.0%} of {SHINGLE_WORDS}-word shingles inside one training prompt or response "
                   f"(texts of >= {min_shingles} shingles)",
         "sets": {name: find_hits(ev, texts, containment, min_shingles) for name, ev in eval_sets.items()}}

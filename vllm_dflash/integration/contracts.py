@@ -492,6 +492,13 @@ CONTRACTS: tuple[Contract, ...] = (
         "our `DFlashCollector` (names `vllm_dflash:*`)", "vLLM serves the default registry on `/metrics`",
         test="tests/vllm/test_vllm_serve.py"),
     Contract(
+        "vllm.v1.metrics.prometheus:get_prometheus_registry", "function", "integration/patches/"
+        "prometheus_registry.py, serve/metrics.py",
+        "wrapped: a registry other than the default one (PROMETHEUS_MULTIPROC_DIR set) gets our collector too",
+        "builds the registry `/metrics` serves (`attach_router` in vllm/entrypoints/serve/instrumentator/metrics.py, "
+        "which imports it by name): the default REGISTRY, or a new one with vLLM's MultiProcessCollector",
+        params=(), exact=True, patch="prometheus_registry", test="tests/vllm/test_vllm_metrics_registry.py"),
+    Contract(
         "vllm.v1.metrics.prometheus:unregister_vllm_metrics", "function", "serve/metrics.py",
         "leaves our collector registered", "only removes collectors named `vllm:`", params=(),
         source=('startswith("vllm:")',), test="tests/vllm/test_vllm_serve.py"),

@@ -21,7 +21,7 @@ def export_draft(run: str | Path, out: str | Path, target: str | None = None) ->
         raise SystemExit(f"export: {ckpt} has no config.json. Fix: pass the --out folder of `vllm-dflash train`")
     tgt = AutoModelForCausalLM.from_pretrained(str(resolve_target(target)), dtype=torch.float32)
     draft = DFlashDraftModel.from_pretrained(ckpt, target=tgt)
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["state"]
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=True)["state"]  # plain data: a pickle runs no code
     restore_feature_scale(draft, state)  # folded into fc by save_pretrained
     saved = draft.save_pretrained(out, dtype=torch.bfloat16)
     return {"draft": str(saved), "step": state["step"], "epoch": state["epoch"], "position": state["pos"]}

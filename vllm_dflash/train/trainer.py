@@ -527,7 +527,7 @@ class BlockDiffusionTrainer:
         sd = load_file(str(path / "model.safetensors"))
         sd = {k: v for k, v in sd.items() if k not in ("lm_head.weight", "d2t")}
         self.draft.load_state_dict({k: v.to(self.device) for k, v in sd.items()}, strict=False)
-        st = torch.load(path / "trainer_state.pt", weights_only=False)
+        st = torch.load(path / "trainer_state.pt", weights_only=True)  # tensors and plain data only: runs no code
         self.optimizer.load_state_dict(st["optimizer"])
         if self.scheduler is not None and st["scheduler"] is not None:
             self.scheduler.load_state_dict(st["scheduler"])
