@@ -24,7 +24,6 @@ the check (a multi-turn sibling `ID#tK` holds the earlier turns of ID in its con
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -32,31 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.data.overlap import (CONTAINMENT, MIN_SHINGLES, SHINGLE_WORDS,  # noqa: F401 - re-exported
+                                      normalize, shingles, text_hash)
+
 DEFAULT_SETS = ("humaneval", "chat", "sharegpt", "math")  # open-chat is a subset of sharegpt
-SHINGLE_WORDS = 8
-MIN_SHINGLES = 4
-CONTAINMENT = 0.8
 _TAG = re.compile(r"<\|[^<>|\s]{1,64}\|>")  # <|im_start|>, <|start_header_id|>, <|eot_id|>: any template's tags
 _ROLES = frozenset({"user", "assistant", "system", "developer", "tool", "human", "gpt", "model"})
 _TURN_SUFFIX = re.compile(r"#t\d+$")
-
-
-def normalize(text: str) -> str:
-    """Whitespace collapsed to single spaces, lowercase."""
-    return " ".join(text.split()).lower()
-
-
-def text_hash(text: str) -> str:
-    """SHA-1 of the normalised text."""
-    return hashlib.sha1(normalize(text).encode()).hexdigest()
-
-
-def shingles(text: str, n: int = SHINGLE_WORDS) -> set[int]:
-    """Hashes of every n-word window of the normalised text (empty below n words)."""
-    w = normalize(text).split(" ")
-    if len(w) < n:
-        return set()
-    return {hash(t) for t in zip(*(w[k:] for k in range(n)), strict=False)}
 
 
 def base_id(record_id: str) -> str:

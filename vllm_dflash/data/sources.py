@@ -238,7 +238,7 @@ def sharegpt_eval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
 
 @functools.lru_cache(maxsize=1)
 def _sharegpt_eval() -> list[dict[str, Any]]:
-    from vllm_dflash.data.contamination import CONTAINMENT, MIN_SHINGLES, normalize, shingles
+    from vllm_dflash.data.overlap import CONTAINMENT, MIN_SHINGLES, normalize, shingles
 
     held, train_turns = [], []
     for it in sharegpt_conversations():
