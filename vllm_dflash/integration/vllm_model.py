@@ -92,7 +92,10 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
 
     def rope_rows(self) -> int:
         """Positions the draft's RoPE cache covers (its max_position_embeddings, times any scaling)."""
-        return int(self.model.layers[0].self_attn.rotary_emb.cos_sin_cache.shape[0])
+        m = self.model
+        if not hasattr(m, "_num_attn_layers"):  # as in injection_weights: vLLM builds the buffers lazily
+            m._build_fused_kv_buffers()
+        return int(m._rope_cos_sin_cache.shape[0])
 
     def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
         if self.position_limit is not None:
