@@ -5,7 +5,9 @@
 // hidden RMSNorm (one block per row) -> ONE cuBLAS GEMM for all draft layers (at::mm) -> fused
 // k_norm + RoPE + paged-cache scatter (one warp per token x layer x kv head, kernels in
 // kv_injection_cuda_kernels.cuh). No host synchronisation: positions are not range-checked on the host;
-// a token whose position is outside the RoPE cache is not written (the CPU path raises instead).
+// a token whose position is outside the RoPE cache is not written (the CPU path raises instead; in serving the
+// drafter never passes one: vllm_dflash/integration/vllm_model.py `_in_rope_range`). Shapes, dtypes and devices
+// are checked as in the CPU op, each with a TORCH_CHECK naming the argument.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -58,11 +60,44 @@ void launch(const at::Tensor& kv, const at::Tensor& positions, const at::Tensor&
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-CacheView make_view(at::TensorList caches, int64_t nkv, int64_t hd, at::ScalarType dt) {
-  TORCH_CHECK(caches.size() <= 8, "caches: at most 8 draft layers per call");
+constexpr size_t kMaxLayers = 8;  // CacheView's per-layer arrays (ops/kv_injection.py routes more to the reference)
+
+// The same input checks as the CPU op (kv_injection_cpu.cpp check_inputs), plus devices. -> L, the draft layers.
+int64_t check_inputs(const at::Tensor& ctx, const at::Tensor& positions, const at::Tensor& hnw, const at::Tensor& W,
+                     const at::Tensor& knw, const at::Tensor& cs, int64_t nkv, int64_t hd) {
+  TORCH_CHECK(ctx.is_cuda(), "ctx: must be a CUDA tensor");
+  TORCH_CHECK(ctx.dim() == 2 && ctx.is_contiguous(), "ctx: contiguous [T, H]");
+  TORCH_CHECK(ctx.scalar_type() == at::kFloat || ctx.scalar_type() == at::kBFloat16, "ctx: float32 or bfloat16");
+  TORCH_CHECK(nkv > 0, "num_kv_heads: must be > 0, got ", nkv);
+  TORCH_CHECK(hd > 0 && hd % 2 == 0 && hd <= 512, "head_dim: even and <= 512");
+  for (const auto* t : {&hnw, &W, &knw, &cs}) {
+    TORCH_CHECK(t->device() == ctx.device(), "weights: must be on ", ctx.device(), " (ctx's device), got ",
+                t->device());
+    TORCH_CHECK(t->scalar_type() == ctx.scalar_type() && t->is_contiguous(), "weights: contiguous, same dtype as ctx");
+  }
+  TORCH_CHECK(positions.device() == ctx.device(), "positions: must be on ", ctx.device(), " (ctx's device), got ",
+              positions.device());
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.numel() == ctx.size(0),
+              "positions: int64 [T] (T = ", ctx.size(0), "), got ", positions.scalar_type(), " ", positions.sizes());
+  const int64_t H = ctx.size(1);
+  TORCH_CHECK(hnw.numel() == H && W.dim() == 2 && W.size(1) == H, "hidden size mismatch: ctx [T, ", H,
+              "], hidden_norm_weight ", hnw.sizes(), ", kv_weight ", W.sizes());
+  TORCH_CHECK(W.size(0) > 0 && W.size(0) % (2 * nkv * hd) == 0, "kv_weight rows must be L * 2 * nkv * hd (nkv ", nkv,
+              ", hd ", hd, "), got ", W.size(0));
+  const int64_t L = W.size(0) / (2 * nkv * hd);
+  TORCH_CHECK(knw.dim() == 2 && knw.size(0) == L && knw.size(1) == hd, "k_norm_weight: [L, hd] = [", L, ", ", hd,
+              "], got ", knw.sizes());
+  TORCH_CHECK(cs.dim() == 2 && cs.size(1) == hd, "cos_sin_cache: [max_pos, hd] (hd ", hd, "), got ", cs.sizes());
+  return L;
+}
+
+CacheView make_view(at::TensorList caches, int64_t nkv, int64_t hd, at::ScalarType dt, at::Device dev) {
+  TORCH_CHECK(caches.size() <= kMaxLayers, "caches: at most ", kMaxLayers, " draft layers per call, got ",
+              caches.size(), " (ops/kv_injection.py runs larger drafts on the PyTorch reference path)");
   CacheView v{};
   for (size_t l = 0; l < caches.size(); ++l) {
     const at::Tensor& c = caches[l];
+    TORCH_CHECK(c.device() == dev, "caches[", l, "]: must be on ", dev, " (ctx's device), got ", c.device());
     TORCH_CHECK(c.is_cuda() && c.dim() == 4 && c.size(1) == nkv && c.size(3) == 2 * hd && c.scalar_type() == dt,
                 "caches[", l, "]: expected a CUDA [num_blocks, ", nkv, ", block_size, ", 2 * hd, "] tensor of the ctx dtype");
     v.base[l] = c.data_ptr();
@@ -79,14 +114,15 @@ void fused_context_kv_to_cache_cuda(const at::Tensor& ctx, const at::Tensor& pos
                                     const at::Tensor& hnw, const at::Tensor& W, const at::Tensor& knw,
                                     const at::Tensor& cs, at::TensorList caches, int64_t nkv, int64_t hd, double eps,
                                     bool neox) {
+  const int64_t L = check_inputs(ctx, positions, hnw, W, knw, cs, nkv, hd);
   const c10::cuda::CUDAGuard guard(ctx.device());
-  TORCH_CHECK(ctx.dim() == 2 && ctx.is_contiguous(), "ctx: contiguous [T, H]");
-  TORCH_CHECK(ctx.scalar_type() == at::kFloat || ctx.scalar_type() == at::kBFloat16, "ctx: float32 or bfloat16");
-  TORCH_CHECK(hd % 2 == 0 && hd <= 512, "head_dim: even and <= 512");
-  const int64_t L = W.size(0) / (2 * nkv * hd);
-  TORCH_CHECK(static_cast<int64_t>(caches.size()) == L, "caches: one per draft layer");
-  TORCH_CHECK(slot_mapping.numel() <= ctx.size(0), "slot_mapping: at most T entries");
-  const CacheView view = make_view(caches, nkv, hd, ctx.scalar_type());
+  TORCH_CHECK(static_cast<int64_t>(caches.size()) == L, "caches: one per draft layer (", L, "), got ", caches.size());
+  TORCH_CHECK(slot_mapping.device() == ctx.device(), "slot_mapping: must be on ", ctx.device(), " (ctx's device), got ",
+              slot_mapping.device());
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 && slot_mapping.numel() <= ctx.size(0),
+              "slot_mapping: int64 [<= T] (T = ", ctx.size(0), "), got ", slot_mapping.scalar_type(), " ",
+              slot_mapping.sizes());
+  const CacheView view = make_view(caches, nkv, hd, ctx.scalar_type(), ctx.device());
   at::Tensor kv = at::mm(normed(ctx, hnw, eps), W.t());  // [T, L*2*nkv*hd], one GEMM for all layers
   const int64_t bs = caches[0].size(2);
   if (ctx.scalar_type() == at::kFloat)
@@ -101,7 +137,9 @@ std::tuple<at::Tensor, at::Tensor> fused_context_kv_cuda(const at::Tensor& ctx, 
                                                          int64_t hd, double eps, bool neox) {
   // K/V as [L, T, nkv, hd]: the same kernel writing into a "cache" of T one-token blocks whose strides
   // put K and V in two separate dense tensors.
-  const int64_t L = W.size(0) / (2 * nkv * hd), T = ctx.size(0);
+  const int64_t L = check_inputs(ctx, positions, hnw, W, knw, cs, nkv, hd), T = ctx.size(0);
+  TORCH_CHECK(static_cast<size_t>(L) <= kMaxLayers, "kv_weight: at most ", kMaxLayers, " draft layers per call, got ",
+              L, " (ops/kv_injection.py runs larger drafts on the PyTorch reference path)");
   at::Tensor KV = at::empty({L, T, nkv, 2, hd}, ctx.options());
   std::vector<at::Tensor> views;
   for (int64_t l = 0; l < L; ++l) views.push_back(KV[l].view({T, nkv, 1, 2 * hd}));

@@ -241,3 +241,108 @@ def test_cuda_kernel_equals_reference(dtype):
     for i in range(5):
         write_cache_reference(k[i], v[i], slots, want[i], CUDA_LAYOUT)
         torch.testing.assert_close(got[i], want[i], **tol(dtype))
+
+
+def test_more_than_8_layers_route_to_the_reference_on_cuda(monkeypatch):
+    """The CUDA kernel writes at most 8 draft layers per launch (CacheView): with the fused op reported available for
+    CUDA, `_prepared` gives None (the PyTorch reference path) for a 9-layer draft and the kernel's weights for 8."""
+    from vllm_dflash.ops import kv_injection as kvi
+
+    monkeypatch.setattr(kvi, "fused_available", lambda device: True)
+    kvi._prepared.cache_clear()
+    try:
+        cuda = torch.device("cuda")
+        assert kvi._prepared(weights(64, 9, 1, 16, torch.float32), torch.float32, cuda) is None
+        assert kvi._prepared(weights(64, 8, 1, 16, torch.float32), torch.float32, cuda) is not None
+        assert kvi._prepared(weights(64, 9, 1, 16, torch.float32), torch.float32, torch.device("cpu")) is not None
+    finally:
+        kvi._prepared.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nine_layer_draft_injection_equals_reference(dtype):
+    """A 9-layer draft (past the CUDA kernel's 8): K/V and the cache writes of the injection == the reference."""
+    w = weights(64, 9, 2, 16, dtype, max_pos=128)
+    ctx, pos = torch.randn(37, 64).to(dtype), torch.randint(0, 128, (37,))
+    k, v = inject_context_kv(ctx, pos, w)
+    rk, rv = inject_context_kv_reference(ctx, pos, w)
+    torch.testing.assert_close(k, rk, **tol(dtype))
+    torch.testing.assert_close(v, rv, **tol(dtype))
+    slots = torch.randperm(48)[:37]
+    got = [torch.full((6, 2, 8, 32), SENTINEL, dtype=dtype) for _ in range(9)]
+    want = [c.clone() for c in got]
+    inject_context_kv_to_cache(ctx, pos, slots, w, got, CPU_VEC_LAYOUT)
+    for i in range(9):
+        write_cache_reference(rk[i], rv[i], slots, want[i], CPU_VEC_LAYOUT)
+        torch.testing.assert_close(got[i], want[i], **tol(dtype))
+
+
+def test_positions_slots_and_weight_devices_are_checked():
+    """The wrapper's input checks (mirroring the kernels' TORCH_CHECKs, testable here with meta tensors standing in
+    for another device): positions' dtype and device, slot_mapping's shape, dtype and device, one device for every
+    weight, nkv > 0, the kv_weight's width; each a ValueError naming the argument."""
+    w = weights(64, 2, 1, 16, torch.float32)
+    ctx, pos, slots = torch.randn(5, 64), torch.arange(5), torch.arange(5)
+    cache = [torch.zeros(2, 1, 8, 32) for _ in range(2)]
+    with pytest.raises(ValueError, match="positions: expected int64"):
+        inject_context_kv(ctx, pos.float(), w)
+    with pytest.raises(ValueError, match="positions: on meta"):
+        inject_context_kv(ctx, pos.to("meta"), w)
+    with pytest.raises(ValueError, match="slot_mapping: on meta"):
+        inject_context_kv_to_cache(ctx, pos, slots.to("meta"), w, cache, CPU_VEC_LAYOUT)
+    with pytest.raises(ValueError, match="slot_mapping: expected int64"):
+        inject_context_kv_to_cache(ctx, pos, slots.float(), w, cache, CPU_VEC_LAYOUT)
+    with pytest.raises(ValueError, match=r"slot_mapping: expected \[<= 5\]"):
+        inject_context_kv_to_cache(ctx, pos, torch.arange(6), w, cache, CPU_VEC_LAYOUT)
+    with pytest.raises(ValueError, match=r"slot_mapping: expected \[<= 5\]"):
+        inject_context_kv_to_cache(ctx, pos, slots[None], w, cache, CPU_VEC_LAYOUT)
+    with pytest.raises(ValueError, match="k_norm_weight: on meta"):
+        KVInjectionWeights(w.hidden_norm_weight, w.kv_weight, w.k_norm_weight.to("meta"), w.cos_sin_cache, 2, 1, 16,
+                           1e-6)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        KVInjectionWeights(w.hidden_norm_weight, w.kv_weight, w.k_norm_weight, w.cos_sin_cache, 2, 0, 16, 1e-6)
+    with pytest.raises(ValueError, match="kv_weight"):
+        KVInjectionWeights(w.hidden_norm_weight, w.kv_weight[:, :32], w.k_norm_weight, w.cos_sin_cache, 2, 1, 16, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_op_checks_its_inputs():
+    """The CUDA op's own checks (the op called directly, past the Python wrapper): positions on the CPU, int32 slots,
+    fewer positions than rows, a cos/sin cache of the wrong width, nkv 0, 9 layers: each a RuntimeError naming the
+    argument, never an illegal memory access (the device is still usable afterwards)."""
+    from vllm_dflash.ops._ext import fused_available as avail
+
+    if not avail(torch.device("cuda")):
+        pytest.skip("vllm_dflash._C_cuda not built")
+    op = torch.ops.vllm_dflash.fused_context_kv_to_cache
+    w = weights(64, 2, 1, 16, torch.float32, device="cuda")
+    ws = (w.hidden_norm_weight, w.kv_weight, w.k_norm_weight, w.cos_sin_cache)
+    ctx, pos, slots = torch.randn(5, 64, device="cuda"), torch.arange(5, device="cuda"), torch.arange(5, device="cuda")
+    cache = [torch.zeros(2, 1, 8, 32, device="cuda") for _ in range(2)]
+    bad = {
+        "positions: must be on": (ctx, pos.cpu(), slots, *ws),
+        "positions: int64": (ctx, pos[:4], slots[:4], *ws),
+        "slot_mapping: int64": (ctx, pos, slots.int(), *ws),
+        "slot_mapping: must be on": (ctx, pos, slots.cpu(), *ws),
+        "cos_sin_cache": (ctx, pos, slots, *ws[:3], w.cos_sin_cache[:, :8].contiguous()),
+        "weights: must be on": (ctx, pos, slots, ws[0].cpu(), *ws[1:]),
+    }
+    for msg, args in bad.items():
+        with pytest.raises(RuntimeError, match=msg):
+            op(*args, cache, 1, 16, 1e-6, True)
+    with pytest.raises(RuntimeError, match="num_kv_heads"):
+        op(ctx, pos, slots, *ws, cache, 0, 16, 1e-6, True)
+    w9 = weights(64, 9, 1, 16, torch.float32, device="cuda")
+    with pytest.raises(RuntimeError, match="at most 8"):
+        torch.ops.vllm_dflash.fused_context_kv(ctx, pos, w9.hidden_norm_weight, w9.kv_weight, w9.k_norm_weight,
+                                               w9.cos_sin_cache, 1, 16, 1e-6, True)
+    torch.cuda.synchronize()
+    # a 9-layer draft through the checked entry point: the reference path, equal to the reference
+    got = [torch.full((2, 1, 8, 32), SENTINEL, device="cuda") for _ in range(9)]
+    assert inject_context_kv_to_cache(ctx, pos, slots, w9, got, CUDA_LAYOUT) == "reference"
+    k, v = inject_context_kv_reference(ctx, pos, w9)
+    for i in range(9):
+        want = torch.full_like(got[i], SENTINEL)
+        write_cache_reference(k[i], v[i], slots, want, CUDA_LAYOUT)
+        torch.testing.assert_close(got[i], want, **tol(torch.float32))

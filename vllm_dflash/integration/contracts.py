@@ -520,6 +520,19 @@ CONTRACTS: tuple[Contract, ...] = (
         "tokens of the prompt served from the prefix cache", attrs=("num_cached_tokens",), scope="tests",
         test="tests/vllm/test_vllm_prefix_cache.py"),
     Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._input_fits_in_drafter", "method",
+        "integration/proposer.py (`_check_position_range`), tests/vllm/test_vllm_position_range.py",
+        "why no position past the draft's RoPE cache reaches our drafter by default (its start-up line says so)",
+        "a step whose longest request plus the block passes the draft's max_model_len runs no draft forward",
+        params=("common_attn_metadata",), source=("effective_drafter_max_model_len",), scope="tests",
+        test="tests/vllm/test_vllm_position_range.py"),
+    Contract(
+        "vllm.config.speculative:SpeculativeConfig._maybe_override_draft_max_model_len", "method",
+        "tests/vllm/test_vllm_position_range.py", "replaced in the test (`WIDEN`): a draft whose max_model_len "
+        "outgrows its RoPE cache", "sets the draft's max_model_len (the runner's guard above reads it)",
+        params=("speculative_max_model_len", "draft_max_model_len", "target_max_model_len"), exact=True,
+        scope="tests", test="tests/vllm/test_vllm_position_range.py"),
+    Contract(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model", "class", "bench/kernels.py",
         "runs vLLM's own precompute on stand-in layers", "the attribute names of the serving row above",
         methods=(Sig("_project_context_kv", ("context_states", "num_ctx", "num_layers", "num_kv_heads", "head_dim")),

@@ -53,6 +53,10 @@ logger = init_logger(__name__)
 
 
 class DFlashDrafter(DFlashProposer):
+    # rows of the draft's RoPE cache where vLLM's own guard does not keep positions inside it (set at load time by
+    # `_check_position_range`; None: it does)
+    _query_rows: int | None = None
+
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner)
         spec = vllm_config.speculative_config
@@ -161,6 +165,7 @@ class DFlashDrafter(DFlashProposer):
             raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
                                "model registration overridden? (check VLLM_PLUGINS)")
         self._check_tp_shards()
+        self._check_position_range()
 
     def _check_tp_shards(self) -> None:
         """Load-time invariants of the sharded draft (dev/TP_DESIGN.md 1a): each rank holds its own KV heads
@@ -180,6 +185,29 @@ class DFlashDrafter(DFlashProposer):
             raise RuntimeError(f"vllm_dflash: KV injection weights for {w.num_kv_heads} KV heads on this rank; the "
                                f"draft's attention has {expected} (tensor_parallel_size={self.tp_size})")
 
+    def _check_position_range(self) -> None:
+        """Start-up: compare max_model_len with the draft's RoPE range (rows of its cos/sin cache; vLLM widens it for
+        EAGLE drafts only) and say what happens past it. vLLM's runner skips the draft for any step whose longest
+        request plus the block (K + 1) passes the draft's max_model_len (`_input_fits_in_drafter`, which verifies K
+        filler tokens per request instead), so no position past the range reaches us while the draft's
+        max_model_len is inside its RoPE cache. Where it is not (a config whose derived length outgrows the cache),
+        positions are clamped: the query block's in `propose`, and context rows past the cache are not injected
+        (`DFlashDraftForVllm.position_limit`)."""
+        model = self._inner()
+        rows = model.rope_rows()
+        max_len = int(self.vllm_config.model_config.max_model_len)
+        draft_len = int(self.draft_model_config.max_model_len or max_len)
+        if max_len > rows:
+            logger.info("vllm_dflash: max_model_len %d is past the draft's RoPE range (max_position_embeddings %d): a "
+                        "step whose longest request passes position %d runs no draft forward (vLLM verifies filler "
+                        "drafts there), so output past it is the target's alone. Fix: serve with --max-model-len %d, "
+                        "or use a draft with max_position_embeddings >= %d", max_len, rows,
+                        min(draft_len, rows) - self.num_speculative_tokens - 1, rows, max_len)
+        if draft_len > rows:
+            self._query_rows = model.position_limit = rows
+            logger.warning("vllm_dflash: the draft's max_model_len %d is past its RoPE cache (%d rows): positions past "
+                           "the cache are clamped and their context rows not injected", draft_len, rows)
+
     @override
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
@@ -197,6 +225,8 @@ class DFlashDrafter(DFlashProposer):
             target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
             cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
         num_context = self._dflash_num_context
+        if self._query_rows is not None:  # the query block (last position + 1 + offset) inside the RoPE cache
+            self.positions.clamp_(max=self._query_rows - 1)  # [max_padded_query_tokens], in place: no host sync
         # [(per-layer metadata, mode, padded tokens, tokens across DP, model kwargs, slots size, its metadata, rows run)]
         inputs: list = []
 

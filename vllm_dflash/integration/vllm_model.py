@@ -23,6 +23,24 @@ from vllm_dflash.ops.kv_injection import (CPU_VEC_LAYOUT, CUDA_LAYOUT, KVInjecti
 logger = init_logger(__name__)
 
 
+def _in_rope_range(positions: torch.Tensor, slots, rows: int):
+    """Context rows past the RoPE cache (positions [T] >= rows) become padding: slot -1 (no cache write) and a position
+    clamped inside the cache (no out-of-range read), on the device, no host sync. slots: [<= T] tensor, a per-layer list
+    of them (None entries kept), or None (dummy run). -> (positions, slots)."""
+    over = positions >= rows  # [T]
+
+    def pad(s):
+        return None if s is None else s.masked_fill(over[: s.shape[0]], -1)
+
+    if isinstance(slots, (list, tuple)):
+        first = slots[0]
+        padded = pad(first)
+        slots = [padded if s is first else pad(s) for s in slots]  # shared tensors stay shared (one fused write)
+    else:
+        slots = pad(slots)
+    return positions.clamp(max=rows - 1), slots
+
+
 class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -33,6 +51,9 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
         self.kv_injection = s.kv_injection
         self._injection: KVInjectionWeights | None = None
         self.last_injection_path = "none"  # "fused" | "fused-compute" | "reference" after a step
+        # rows of the RoPE cache where max_model_len passes them (set by the drafter at load time), else None: context
+        # rows at positions past them are not injected (their K/V cannot be rotated; the drafter drafts nothing there)
+        self.position_limit: int | None = None
 
     def load_weights(self, weights):
         out = super().load_weights(weights)
@@ -69,7 +90,17 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
             return CUDA_LAYOUT
         return None
 
+    def rope_rows(self) -> int:
+        """Positions the draft's RoPE cache covers (its max_position_embeddings, times any scaling)."""
+        m = self.model
+        if not hasattr(m, "_num_attn_layers"):  # as in injection_weights: vLLM builds the buffers lazily
+            m._build_fused_kv_buffers()
+        return int(m._rope_cos_sin_cache.shape[0])
+
     def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
+        if self.position_limit is not None:
+            context_positions, context_slot_mapping = _in_rope_range(context_positions, context_slot_mapping,
+                                                                     self.position_limit)
         w = self.injection_weights() if self.use_ours else None
         if w is None:
             return super().precompute_and_store_context_kv(context_states, context_positions, context_slot_mapping)

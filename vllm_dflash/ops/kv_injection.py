@@ -21,12 +21,18 @@ import torch
 
 from vllm_dflash.model import apply_rope, rms_norm
 from vllm_dflash.ops._ext import fused_available, mode
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
 
 # Paged-cache layouts the fused CPU kernel writes (vLLM 0.32 CPU attention, ISA "vec" / "vec16"):
 # cache [num_blocks, nkv, block_size, 2*hd]; per (block, head) K as [hd, block_size], then V as [block_size, hd].
 CPU_VEC_LAYOUT = "cpu-vec"
 # vLLM 0.32 CUDA backends: logical [num_blocks, nkv, block_size, 2*hd], K in [..., :hd], V in [..., hd:], any strides.
 CUDA_LAYOUT = "cuda-bhnc"
+# draft layers one CUDA launch writes (CacheView in csrc/kv_injection_cuda_kernels.cuh); more: the reference path
+CUDA_MAX_LAYERS = 8
+_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,17 @@ class KVInjectionWeights:
 
     def __post_init__(self) -> None:
         L, nkv, hd = self.num_layers, self.num_kv_heads, self.head_dim
+        if min(L, nkv, hd) <= 0:
+            raise ValueError(f"num_layers / num_kv_heads / head_dim: must be > 0, got {L} / {nkv} / {hd}")
+        if self.hidden_norm_weight.dim() != 1 or self.kv_weight.dim() != 2 or \
+                self.kv_weight.shape[1] != self.hidden_norm_weight.shape[0]:
+            raise ValueError(f"kv_weight: {tuple(self.kv_weight.shape)} must be [L*2*nkv*hd, H] with H = "
+                             f"hidden_norm_weight's {tuple(self.hidden_norm_weight.shape)}")
+        dev = self.kv_weight.device
+        for name in ("hidden_norm_weight", "k_norm_weight", "cos_sin_cache"):
+            if getattr(self, name).device != dev:
+                raise ValueError(f"{name}: on {getattr(self, name).device}, kv_weight on {dev}: the weights must share "
+                                 "one device")
         if self.kv_weight.shape[0] != L * 2 * nkv * hd:
             raise ValueError(f"kv_weight: {tuple(self.kv_weight.shape)} rows != L*2*nkv*hd = {L * 2 * nkv * hd}")
         if self.k_norm_weight.shape != (L, hd):
@@ -102,18 +119,35 @@ def _check(ctx: torch.Tensor, positions: torch.Tensor, w: KVInjectionWeights) ->
         raise ValueError(f"ctx: expected [T, {w.hidden_norm_weight.shape[0]}], got {tuple(ctx.shape)}")
     if positions.shape != (ctx.shape[0],):
         raise ValueError(f"positions: expected [{ctx.shape[0]}], got {tuple(positions.shape)}")
+    if positions.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"positions: expected int64 (or int32), got {positions.dtype}")
     if ctx.device != w.kv_weight.device:
         raise ValueError(f"ctx on {ctx.device} but weights on {w.kv_weight.device}")
+    if positions.device != ctx.device:
+        raise ValueError(f"positions: on {positions.device}, ctx on {ctx.device}. Fix: pass them on ctx's device")
     # CPU only: there it costs no sync (the kernels range-check too); on GPU it would be a host sync
     if ctx.device.type == "cpu" and positions.numel() and int(positions.max()) >= w.cos_sin_cache.shape[0]:
         raise ValueError(f"positions: max {int(positions.max())} is beyond the RoPE cache ({w.cos_sin_cache.shape[0]} "
                          "rows). Fix: raise the draft's max_position_embeddings")
 
 
+def _check_slots(ctx: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] > ctx.shape[0]:
+        raise ValueError(f"slot_mapping: expected [<= {ctx.shape[0]}], got {tuple(slot_mapping.shape)}")
+    if slot_mapping.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"slot_mapping: expected int64 (or int32), got {slot_mapping.dtype}")
+    if slot_mapping.device != ctx.device:
+        raise ValueError(f"slot_mapping: on {slot_mapping.device}, ctx on {ctx.device}. Fix: pass it on ctx's device")
+
+
 @functools.lru_cache(maxsize=16)
 def _prepared(w: KVInjectionWeights, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...] | None:
     """The kernel's weight arguments (contiguous), or None when the fused kernel cannot serve (checked once per
     weights / dtype / device, not per step)."""
+    if device.type == "cuda" and w.num_layers > CUDA_MAX_LAYERS and fused_available(device):
+        logger.info("vllm_dflash KV injection: the draft has %d layers, the CUDA kernel writes at most %d per launch "
+                    "-> PyTorch reference path", w.num_layers, CUDA_MAX_LAYERS)
+        return None
     ok = (dtype in (torch.float32, torch.bfloat16) and fused_available(device) and w.head_dim % 2 == 0
           and w.head_dim <= 512
           and all(t.dtype == dtype for t in (w.hidden_norm_weight, w.kv_weight, w.k_norm_weight, w.cos_sin_cache)))
@@ -172,6 +206,7 @@ def inject_context_kv_to_cache(ctx: torch.Tensor, positions: torch.Tensor, slot_
     own do_kv_cache_update). Returns the path taken ("fused", "fused-compute", "reference")."""
     fw = _fused_weights(ctx, w)
     _check(ctx, positions, w)  # positions on CPU, as in inject_context_kv
+    _check_slots(ctx, slot_mapping)
     if len(caches) != w.num_layers:
         raise ValueError(f"caches: {len(caches)} given, the draft has {w.num_layers} layers")
     fused = fw is not None
