@@ -366,7 +366,7 @@ def depth_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[s
     batches = sorted({r["batch"] for r in d["rows"]})
     layers = sorted({r["layers"] for r in d["rows"]})
     ms = {(r["layers"], r["batch"]): r["ms"] for r in d["rows"]}
-    cmd = (f"python benchmarks/draft_depth.py --layers {','.join(map(str, layers))} "
+    cmd = (f"python dev/studies/draft_depth.py --layers {','.join(map(str, layers))} "
            f"--batches {','.join(map(str, batches))} --context {d['context']} --block {d['block']} "
            f"--draft-vocab {d['draft_vocab']} --threads {d['threads']} --clock {d['clock']}")
     out = ["## Draft step cost vs depth", ""]

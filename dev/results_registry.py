@@ -73,7 +73,7 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v27_avx2_c32": {"machine": "epyc-avx2"},
     "ab_gemm_f32": {"machine": "epyc-avx2"},
     "ab_guard_threshold": {"machine": "epyc-avx2"},
-    "gemm_f32": {"machine": "epyc-avx2", "command": "python benchmarks/gemm_f32.py"},
+    "gemm_f32": {"machine": "epyc-avx2", "command": "python dev/studies/gemm_f32.py"},
     "bench_v25_c32": {"machine": "xeon-bf16"},
     "bench_v23_c32": {"machine": "xeon-bf16"},
     "bench_v22_c32": {"machine": "xeon-bf16"},

@@ -3,9 +3,9 @@
 SmolLM2-draft shapes, per batch size, on this machine. Pairs with the acceptance of trained drafts of each depth
 (MODEL_CARD.md) to choose the depth: a deeper draft must buy more accepted tokens than its extra cost.
 
-    python benchmarks/draft_depth.py [--layers 1,2,3] [--batches 1,8,32] [--context 256] [--threads 1]
+    python dev/studies/draft_depth.py [--layers 1,2,3] [--batches 1,8,32] [--context 256] [--threads 1]
 
-Writes benchmarks/results/draft_depth.{json,md}. Timing: median of repeated runs, process CPU time by default
+Writes dev/results/draft_depth.{json,md}. Timing: median of repeated runs, process CPU time by default
 (robust on a shared machine; --clock wall for wall time)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from vllm_dflash.config import DFlashConfig
 from vllm_dflash.model import DFlashDraftModel
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "dev" / "results"
 SMOLLM2 = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64, intermediate_size=1536,
                vocab_size=49152, num_target_layers=30)
 

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """fp32 linear layers of one decode / verify step: vLLM 0.32's CPU GEMM against ours (csrc/gemm_f32_cpu.cpp).
 
-    python benchmarks/gemm_f32.py                      # SmolLM2-135M shapes, M = 1 .. 512, the machine's threads
-    python benchmarks/gemm_f32.py --rows 1,8 --repeats 3
+    python dev/studies/gemm_f32.py                      # SmolLM2-135M shapes, M = 1 .. 512, the machine's threads
+    python dev/studies/gemm_f32.py --rows 1,8 --repeats 3
 
 One "step" = every linear layer of SmolLM2-135M-Instruct in model order with distinct weights, as the model holds
 them (30 layers x qkv, o, gate_up, down, then the LM head: 538 MB of fp32, far beyond any L3 here, so each step
@@ -13,7 +13,7 @@ streams its weights from memory as a real forward does), called with M rows:
   ours   `torch.ops.vllm_dflash.linear_f32` with every call on our kernel (what cpu_gemm_f32 `all` installs)
 The two alternate (rotated order) for `--repeats` rounds; the median step time is reported, with the memory bound
 (weight bytes / measured read bandwidth) and the compute bound (2 x parameters x M / torch's fp32 GEMM rate at the MLP
-shape with 256 rows, vllm_dflash/bench/limit.py). Results: benchmarks/results/gemm_f32.{json,md,png}.
+shape with 256 rows, vllm_dflash/bench/limit.py). Results: dev/results/gemm_f32.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,6,8,12,16,24,32,48,64,128,256,512")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--out", default="benchmarks/results/gemm_f32")
+    ap.add_argument("--out", default="dev/results/gemm_f32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from vllm.platforms import current_platform

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """bf16 GEMV micro-benchmark for decode-sized M: vLLM 0.32's CPU linear vs F.linear vs ours (csrc/gemv_cpu.cpp).
 
-    python benchmarks/gemv.py                 # SmolLM2-135M shapes, M in {1,2,4,8,16}, 1 and 2 threads
-    python benchmarks/gemv.py --quick         # fewer repeats
+    python dev/studies/gemv.py                 # SmolLM2-135M shapes, M in {1,2,4,8,16}, 1 and 2 threads
+    python dev/studies/gemv.py --quick         # fewer repeats
 
 For each linear shape of SmolLM2-135M-Instruct (bf16) it times, per call:
   vllm     `layer.cpu_linear(x, layer.weight, None)` after vLLM's own `dispatch_cpu_unquantized_gemm(layer)`
@@ -15,7 +15,7 @@ every call streams its weight from DRAM, as in a real decode step (SmolLM2's ~27
 cache). `--hot` reuses one copy (cache-resident; flatters everything). Methods are interleaved: every repeat times
 each method once (in rotated order), the reported number is the median over repeats. GB/s = N*K*2 bytes / time.
 The `step` section times a whole decoder step's GEMMs in order (30 distinct layers x qkv, o, gate_up, down, then
-lm_head) per method, the honest sum. Results: benchmarks/results/gemv.{json,md}.
+lm_head) per method, the honest sum. Results: dev/results/gemv.{json,md}.
 """
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hot", action="store_true", help="reuse one weight copy (cache-resident)")
     p.add_argument("--no-step", action="store_true", help="skip the whole-step measurement")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gemv"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "gemv"))
     a = p.parse_args(argv)
     if a.quick:
         a.repeats, a.target_ms = 3, 8.0

@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 # SPDX-License-Identifier: Apache-2.0
 """Decode step time of the target inside vLLM with DFLASH_CPU_GEMV off and on (the in-model check of the kernel that
-benchmarks/gemv.py measures in isolation).
+dev/studies/gemv.py measures in isolation).
 
-    python benchmarks/gemv_vllm.py                       # eager and compiled, off / 8 rows, batch 1 and 8
-    python benchmarks/gemv_vllm.py --modes compiled --repeats 2
+    python dev/studies/gemv_vllm.py                       # eager and compiled, off / 8 rows, batch 1 and 8
+    python dev/studies/gemv_vllm.py --modes compiled --repeats 2
 
 Each (mode, setting) runs in a fresh process: offline `LLM` (bf16, worker in-process, OMP threads bound to every core
 as the bench does), one warm-up generation, then 96 greedy tokens for 1 and for 8 requests; ms per decode step =
 wall time / 96. Settings alternate within each repeat so drift of the machine (shared memory bandwidth) hits both.
-Results: benchmarks/results/gemv_vllm.{json,md}.
+Results: dev/results/gemv_vllm.{json,md}.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def main() -> int:
     p.add_argument("--rows", default="8", help="the DFLASH_CPU_GEMV value compared with off")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gemv_vllm"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "gemv_vllm"))
     a = p.parse_args()
     if not gemv_supported():
         raise SystemExit("gemv_vllm: the kernel needs avx512_bf16 (and the built extension); nothing to compare here")

@@ -3,13 +3,13 @@
 """Plain draft, hinted draft and prompt lookup through vLLM, side by side on the same prompts (issue: n-gram-hinted
 blocks): τ and tokens per target forward, fixed block (each draft alone), code and chat.
 
-    python benchmarks/hinted_vllm.py --hinted DRAFT_DIR                  # runs the four evals, then writes the tables
-    python benchmarks/hinted_vllm.py --hinted DRAFT_DIR --from-dir DIR   # assemble from saved `eval --json` outputs
+    python dev/studies/hinted_vllm.py --hinted DRAFT_DIR                  # runs the four evals, then writes the tables
+    python dev/studies/hinted_vllm.py --hinted DRAFT_DIR --from-dir DIR   # assemble from saved `eval --json` outputs
                                                                          # named <prompts>-<draft folder name>.json
 
 Each eval is `vllm-dflash eval --engine vllm --draft D --prompts P --limit N --max-new-tokens 256 --concurrency 32
 --no-baseline --ngram 7 --json` (the plain draft's run also measures vLLM's prompt lookup, 7 tokens, on the same
-prompts). Results: benchmarks/results/hinted_vllm.{json,md}.
+prompts). Results: dev/results/hinted_vllm.{json,md}.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLAIN = ROOT / "models" / "SmolLM2-135M-Instruct-DFlash-b8"
 
 
@@ -43,7 +43,7 @@ def main() -> int:
     p.add_argument("--prompts", default="humaneval,chat")
     p.add_argument("--limit", type=int, default=64)
     p.add_argument("--from-dir", default=None)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hinted_vllm"))
+    p.add_argument("--out", default=str(ROOT / "dev" / "results" / "hinted_vllm"))
     a = p.parse_args()
     cli = str(Path(sys.executable).with_name("vllm-dflash"))
     reports: dict[str, dict[str, dict]] = {}

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Host cost of the adaptive planner per engine step against batch size (no vLLM, no model).
 
-    python benchmarks/planner_cost.py --out benchmarks/results/planner_cost        # JSON + markdown + PNG
-    PYTHONPATH=<checkout of another commit> python benchmarks/planner_cost.py ...  # the same for that code
+    python dev/studies/planner_cost.py --out dev/results/planner_cost        # JSON + markdown + PNG
+    PYTHONPATH=<checkout of another commit> python dev/studies/planner_cost.py ...  # the same for that code
 
 Times what `AdaptiveController` does on every step of synchronous serving, the draft forward left out: `plan`
 (score the last proposals, time the step, prompt lookup for every request, source choice, lengths, guard) and
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--mode", default="both")
     ap.add_argument("--k", type=int, default=7)
     ap.add_argument("--label", default=None, help="name of this run in the JSON (default: the package version)")
-    ap.add_argument("--out", default="benchmarks/results/planner_cost")
+    ap.add_argument("--out", default="dev/results/planner_cost")
     a = ap.parse_args()
 
     import vllm_dflash

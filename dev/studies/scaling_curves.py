@@ -2,8 +2,8 @@
 """Scaling curves of DFlash drafts from their training logs: held-out τ against training tokens, and against
 draft-training compute for drafts of several depths (issue #15's curves; runs from scripts/depth_study.sh).
 
-    python benchmarks/scaling_curves.py [--runs runs/depth-l1,runs/depth-l2,runs/depth-l3] [--cost 1:1,2:1.5,3:2]
-        [--out benchmarks/results/scaling_cpu]
+    python dev/studies/scaling_curves.py [--runs runs/depth-l1,runs/depth-l2,runs/depth-l3] [--cost 1:1,2:1.5,3:2]
+        [--out dev/results/scaling_cpu]
 
 Reads each run's log.jsonl (held-out evaluations: τ of the block alone and tokens per target forward, teacher-forced
 replay of the greedy loop on the run's held-out sequences) and its console log (the training split's size). Training
@@ -19,7 +19,7 @@ import math
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_run(run: Path) -> dict:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=4, help="sequences per step of these runs")
     ap.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence of these runs")
     ap.add_argument("--machine", default=None, help="the machine the runs trained on, for the report")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling_cpu"))
+    ap.add_argument("--out", default=str(ROOT / "dev" / "results" / "scaling_cpu"))
     a = ap.parse_args(argv)
     cost = {int(k): float(v) for k, v in (x.split(":") for x in a.cost.split(","))}
     runs = [load_run(Path(r)) for r in a.runs.split(",") if (Path(r) / "log.jsonl").exists()]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Target step cost against query tokens, compiled, as vLLM runs it: where verification turns compute-bound.
 
-    python benchmarks/step_cost.py --out benchmarks/results/step_cost      # JSON + markdown + PNG
+    python dev/studies/step_cost.py --out dev/results/step_cost      # JSON + markdown + PNG
 
 One in-process engine (vLLM's defaults: torch.compile, the machine's fastest dtype, OMP_NUM_THREADS as set, 1 by
 default like the serving benchmark's worker). For n query tokens it times the compiled target forward
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,4,8,12,16,24,32,48,64,96,128,192,256")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--dtype", default=None, help="default: the machine's fastest (bfloat16 with avx512_bf16)")
-    ap.add_argument("--out", default="benchmarks/results/step_cost")
+    ap.add_argument("--out", default="dev/results/step_cost")
     a = ap.parse_args()
 
     import torch
@@ -74,7 +74,7 @@ def main() -> None:
                        "cores": os.cpu_count(), "threads": threads, "dtype": dtype, "torch_threads":
                        torch.get_num_threads(), "compiled": True, "target": str(target),
                        "versions": {"vllm": md.version("vllm"), "torch": md.version("torch")},
-                       "command": "python benchmarks/step_cost.py", **limit.hardware_record(hw, size)},
+                       "command": "python dev/studies/step_cost.py", **limit.hardware_record(hw, size)},
               "rows": rows, "knee_tokens": knee}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 """Where one decode step of the target goes, op by op, at batch 1 without speculation (vLLM's defaults: compiled).
 
     VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1 OMP_NUM_THREADS=2 \\
-        python benchmarks/step_ops.py --out benchmarks/results/step_ops        # JSON + markdown
+        python dev/studies/step_ops.py --out dev/results/step_ops        # JSON + markdown
 
 Offline `LLM` in process (VLLM_ENABLE_V1_MULTIPROCESSING=0), greedy, one prompt, `--tokens` decode steps under
 torch.profiler (CPU activities, shapes recorded). Every op's self CPU time is put in one group: the target's linear
@@ -63,7 +63,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=64, help="decode steps profiled")
     ap.add_argument("--dtype", default="auto", help="bfloat16, float32, or auto (vllm_dflash.utils.default_dtype: bf16 where the CPU has it)")
-    ap.add_argument("--out", default="benchmarks/results/step_ops", help="output path without extension")
+    ap.add_argument("--out", default="dev/results/step_ops", help="output path without extension")
     a = ap.parse_args()
 
     import torch
@@ -126,7 +126,7 @@ def main() -> None:
         "profiled_cpu_ms_per_step": total_us / a.tokens / 1e3,
         "gemm": rows,
         "command": " ".join(f"{k}={os.environ[k]}" for k in ENV if k in os.environ)
-                   + " python benchmarks/step_ops.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()),
+                   + " python dev/studies/step_ops.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()),
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
