@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """How far one greedy divergence's logprob margin moves with the numeric context (bf16 batch variance).
 
-    python dev/divergence_contexts.py benchmarks/results/bench_v12.json --config ours-merged --prompt-set chat \
+    python dev/divergence_contexts.py dev/results/bench_v12.json.gz --config ours-merged --prompt-set chat \
         --concurrency 32 --id web:wikipedia_5.jsonl:516
 
 The benchmark's judge measures a divergence's margin with one prefill of the whole prefix at batch 1. The runs
@@ -13,6 +13,7 @@ numerical tie of bf16, not a drafting error; fp32 (--dtype float32) gives the re
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 
@@ -36,7 +37,7 @@ def main() -> None:
     from vllm_dflash.exactness import first_difference, prompt_ids
     from vllm_dflash.target import resolve_target
 
-    d = json.load(open(a.result))
+    d = json.load(gzip.open(a.result, "rt") if a.result.endswith(".gz") else open(a.result))  # dev/results/ is gzipped
     runs = {(r["config"], r["prompt_set"], r["concurrency"]): r for r in d["runs"]}
     base, other = runs[("none", a.prompt_set, a.concurrency)], runs[(a.config, a.prompt_set, a.concurrency)]
     ids_in_run = [q["id"] for q in base["requests"]]

@@ -9,7 +9,7 @@
 #
 #   setsid nohup bash scripts/depth_study.sh > runs/depth-study.log 2>&1 &                # the 1-layer run
 #   ONLY="2 3" setsid nohup bash scripts/depth_study.sh >> runs/depth-study.log 2>&1 &    # later: 2 and 3 layers
-#   .venv/bin/python benchmarks/scaling_curves.py     # JSON + table + plot into benchmarks/results/scaling_cpu/
+#   .venv/bin/python dev/studies/scaling_curves.py     # JSON + table + plot into dev/results/scaling_cpu/
 # The whole script is one block, read before it runs: editing this file while a study waits cannot change what it
 # does next (bash reads a script as it goes; an edit during `wait` once launched a stray run).
 {

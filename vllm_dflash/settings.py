@@ -313,7 +313,7 @@ class ProcessSettings:
             "runs on our skinny-GEMM kernel (csrc/gemv_cpu.cpp), larger ones on vLLM's oneDNN GEMM. `auto`: 8 rows "
             "with 2+ OpenMP threads, else 2. Costs a second copy of each such weight. Ignored elsewhere (fp32, no "
             "avx512_bf16, or a layer vLLM does not give to oneDNN). Experimental: inside vLLM on a Xeon whose L3 holds "
-            "the whole model it measured slower than vLLM's own GEMM (benchmarks/results/gemv_vllm.md), so it "
+            "the whole model it measured slower than vLLM's own GEMM (dev/results/gemv_vllm.md), so it "
             "stays off by default.",
         fix="use off, auto or a number of rows from 1 to 16")
     cpu_gemm_f32: int | str = _setting(
@@ -323,7 +323,7 @@ class ProcessSettings:
             "GEMM (csrc/gemm_f32_cpu.cpp), larger ones on vLLM's oneDNN GEMM; `all`: every call. Our kernel sums "
             "each output in one fixed order, so a row's result does not depend on the batch it is in. `auto`: `all` "
             "on CPUs with avx2 and fma but no avx512f (measured faster than oneDNN at every row count from 1 to "
-            "2048 on a 2-core AVX2 EPYC: benchmarks/results/gemm_f32.md), off elsewhere (not measured there). "
+            "2048 on a 2-core AVX2 EPYC: dev/results/gemm_f32.md), off elsewhere (not measured there). "
             "Costs nothing in memory when vLLM drops its own copy of the weight (every layer but a tied LM head).",
         fix="use off, auto, all or a number of rows >= 1")
     onednn_cache: int = _setting(

@@ -30,7 +30,7 @@ DEFAULT_OUT_DIR = "bench-results"
 # Quick: each `vllm serve` start costs 1-3 min on 2 busy cores, so it leaves out ngram and ours-adaptive.
 _ALL_CORES = f"0-{(os.cpu_count() or 1) - 1}"
 # Layout of the full run: every core bound to the model worker (OMP_NUM_THREADS = cores). Measured on a 2-core
-# bf16 CPU (benchmarks/benchmark_notes.md, bench_v4 against bench_v5): no speculation 40 / 206 / 306 tok/s at
+# bf16 CPU (dev/benchmark_notes.md, bench_v4 against bench_v5): no speculation 40 / 206 / 306 tok/s at
 # c1 / c8 / c32 against 32 / 167 / 204 with vLLM's default (the worker on one core), our default drafter higher at
 # every level too. The quick run keeps vLLM's default layout (light on a busy CI machine).
 PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32", "num_prompts": 16, "max_tokens": 256,

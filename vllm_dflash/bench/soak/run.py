@@ -5,7 +5,7 @@ any failed check.
     python benchmarks/soak.py --quick                  # ~5 min (CI: tests/e2e/test_soak.py)
     python benchmarks/soak.py                          # the full soak: 64 clients, 3 rounds, 20 min
     python benchmarks/soak.py --render benchmarks/results/soak-full.json benchmarks/results/soak-quick.json \
-        --notes benchmarks/soak_notes.md --md docs/RELIABILITY.md   # the report from the JSON results
+        --notes dev/soak_notes.md --md docs/RELIABILITY.md   # the report from the JSON results
     python -m vllm_dflash.bench.soak --quick           # the same outside a checkout (results under ./bench-results/)
 
 Target: SmolLM2-135M-Instruct (prepared from the bundled GGUF); draft: the source checkout's trained draft

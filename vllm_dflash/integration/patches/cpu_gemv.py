@@ -29,7 +29,7 @@ _ORIGINAL = None
 
 def max_rows(value: int | str, threads: int) -> int:
     """The row threshold of a cpu_gemv value: `auto` = 8 with 2+ threads (measured crossover against oneDNN on
-    2-core Xeon / EPYC machines, benchmarks/results/gemv.md), 2 on one thread; an integer is itself; 0 = off."""
+    2-core Xeon / EPYC machines, dev/results/gemv.md), 2 on one thread; an integer is itself; 0 = off."""
     if value == "auto":
         return 8 if threads >= 2 else 2
     return int(value)
@@ -40,7 +40,7 @@ NO_LIMIT = 1 << 62  # `all`: every call on our kernel
 
 def f32_rows(value: int | str) -> int:
     """The row threshold of a cpu_gemm_f32 value: `auto` = all rows on CPUs with avx2 but no avx512f (measured
-    there, benchmarks/results/gemm_f32.md), 0 elsewhere; `all` = every call; an integer is itself; 0 = off."""
+    there, dev/results/gemm_f32.md), 0 elsewhere; `all` = every call; an integer is itself; 0 = off."""
     import torch
 
     if value == "auto":
@@ -149,7 +149,7 @@ PATCH = Patch(
         "CPUs (cpu_gemm_f32, auto): oneDNN needs 1.3-1.7x our AVX2 kernel's time at 1-64 rows, so a verify step "
         "costs far more than a decode step; ours also sums each row in one order (batch-invariant). Both off, the "
         "wrapper calls vLLM's function unchanged",
-    removal="when vLLM's CPU linear reaches the memory bandwidth at decode-sized M (benchmarks/gemv.py and "
-            "benchmarks/gemm_f32.py show `vllm` within 10% of `ours` at M=1 and M=8)",
+    removal="when vLLM's CPU linear reaches the memory bandwidth at decode-sized M (dev/studies/gemv.py and "
+            "dev/studies/gemm_f32.py show `vllm` within 10% of `ours` at M=1 and M=8)",
     apply=apply,
 )
