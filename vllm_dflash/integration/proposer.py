@@ -92,6 +92,9 @@ class DFlashDrafter(DFlashProposer):
         self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         self._context_unused = False  # adaptive "ngram": no draft forward ever runs, so context rows are dropped
         self._drop_step = False  # this step's plan says 'off' won here: its context rows are dropped, not held
+        # prefix caching: a later request that hits a cached block drafts against that block's draft K/V, so every
+        # context row is held for the next draft forward, never dropped (no drop_context, no lease release)
+        self._keep_context = bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
         self._block_rows = 0  # requests the last draft forward ran over (block_rows.py: those that use its tokens)
         if self.adaptive is not None:
             from vllm_dflash.adaptive.controller import AdaptiveController
@@ -335,7 +338,7 @@ class DFlashDrafter(DFlashProposer):
     def _wanted_rows(self, cad, num_context: int) -> list[int] | None:
         """This step's context rows whose requests still hold their draft context (None: all of them; the common case,
         no request released its context)."""
-        if not self.controller.stale:
+        if self._keep_context or not self.controller.stale:
             return None
         B = cad.num_reqs
         qsl = cad.query_start_loc_cpu[: B + 1].tolist()
@@ -489,7 +492,7 @@ class DFlashDrafter(DFlashProposer):
         plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
                                     extra_tokens=prefill_tokens, forward_s=fwd)
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
-        if plan.drop_context and self._deferred is not None:
+        if plan.drop_context and self._deferred is not None and not self._keep_context:
             # no speculation won at this batch size: holding this step's rows (copy, fc, K/V write) would be the only
             # drafter work of the step. Drop them; the batch's requests are planned without DFlash tokens from now on
             self._drop_step = True
