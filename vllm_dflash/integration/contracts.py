@@ -228,6 +228,28 @@ CONTRACTS: tuple[Contract, ...] = (
         params=("vllm_config",), exact=True, patch="async_scheduling",
         test="tests/vllm/test_vllm_drafter.py::test_overlap_scheduling_on_for_our_drafter_only"),
     Contract(
+        "vllm.config.vllm:VllmConfig.__post_init__", "method", "integration/patches/engine_config.py",
+        "wrapped, for an engine with our DFlash drafter only: before it, `VLLM_USE_V2_MODEL_RUNNER=1` is refused with "
+        "the fix; after it (the platform hook included), the `overlap` rule on every platform (adaptive drafting: "
+        "async scheduling off under auto/false, our scheduler under true) and a config still on Model Runner V2 is "
+        "refused",
+        "runs on every `VllmConfig(...)` (pydantic calls it by name), in the front end; decides `async_scheduling` "
+        "(True for dflash where the executor supports it) and then calls `current_platform.check_and_update_config`, "
+        "which only the CPU platform uses to force async scheduling off; nothing after the platform hook reads "
+        "`async_scheduling` except the V1/V2 runner validation",
+        params=(), exact=True, source=("current_platform.check_and_update_config(self)",), patch="engine_config",
+        test="tests/vllm/test_gpu_startup.py"),
+    Contract(
+        "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features", "method",
+        "integration/patches/engine_config.py",
+        "wrapped: names our DFlash drafter for an engine that has it, so `use_v2_model_runner` picks the V1 runner "
+        "(whose `DFlashProposer` global we replace) and logs vLLM's reason",
+        "`VllmConfig.use_v2_model_runner` (a property read on every use, front end and worker) returns False when "
+        "this list is non-empty, unless `VLLM_USE_V2_MODEL_RUNNER` is set or a V2-only feature forces V2; on a GPU "
+        "with Triton V2 is the default",
+        params=(), exact=True, attrs=("use_v2_model_runner",),
+        test="tests/vllm/test_gpu_startup.py::test_default_dflash_config_starts_on_cuda"),
+    Contract(
         "vllm.v1.executor.uniproc_executor:UniProcExecutor._init_executor", "method",
         "integration/patches/cpu_uniproc.py",
         "wrapped: in a CPU engine core process that runs the model (backend \"uni\" kept by the platform-hook "

@@ -12,8 +12,8 @@ from __future__ import annotations
 from vllm_dflash import settings
 from vllm_dflash.integration.patches import (async_scheduling, cpu_expand_kernel, cpu_gemv, cpu_greedy_verify,
                                              cpu_omp_threads, cpu_onednn_cache, cpu_plain_sample, cpu_uniproc,
-                                             drafter_class, generator_rewind, observe_draft, profile_forward,
-                                             ray_cpu, speculative_config)
+                                             drafter_class, engine_config, generator_rewind, observe_draft,
+                                             profile_forward, ray_cpu, speculative_config)
 from vllm_dflash.integration.patches.base import Patch, UnsupportedVLLMError
 from vllm_dflash.integration.patches.async_scheduling import overlap_wanted, use_adaptive_scheduler  # noqa: F401
 from vllm_dflash.integration.patches.speculative_config import keep_prefix_block  # noqa: F401
@@ -24,9 +24,9 @@ logger = get_logger(__name__)
 
 # cpu_uniproc after async_scheduling: it wraps the same CPU platform hook and reads the final async decision
 PATCHES: list[Patch] = [m.PATCH for m in (generator_rewind, drafter_class, speculative_config, observe_draft,
-                                          cpu_expand_kernel, async_scheduling, cpu_uniproc, ray_cpu, cpu_onednn_cache,
-                                          cpu_gemv, cpu_omp_threads, cpu_plain_sample, cpu_greedy_verify,
-                                          profile_forward)]
+                                          cpu_expand_kernel, async_scheduling, cpu_uniproc, engine_config, ray_cpu,
+                                          cpu_onednn_cache, cpu_gemv, cpu_omp_threads, cpu_plain_sample,
+                                          cpu_greedy_verify, profile_forward)]
 
 
 _APPLIED = False
@@ -68,6 +68,12 @@ def apply_patches() -> None:
 
 
 SEAM_PROBLEMS: list[str] = []  # what the seam check found in this process (empty: the patches are applied)
+
+
+def activate() -> list[str]:
+    """Check the seam and apply the patches (once per process); returns the seam's problems (empty: applied)."""
+    apply_patches()
+    return list(SEAM_PROBLEMS)
 
 
 def wants_our_dflash(spec, additional_config) -> bool:
