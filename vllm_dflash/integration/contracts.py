@@ -503,11 +503,15 @@ CONTRACTS: tuple[Contract, ...] = (
         "`vllm-dflash eval --ngram` runs the n-gram engine last)",
         params=(), source=("_expand_kernel_impl",), test="tests/vllm/test_vllm_sampling.py"),
     Contract(
-        "vllm.v1.spec_decode.metrics:SpecDecodingStats.observe_draft", "method", "integration/patches/"
+        "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats", "method", "integration/patches/"
         "observe_draft.py, serve/metrics.py",
-        "wrapped: per-request accepted-length histogram (`vllm_dflash:accepted_tokens_per_step`)",
-        "called once per request per verify step in the scheduler (engine core)",
-        params=("num_draft_tokens", "num_accepted_tokens"), exact=True, patch="observe_draft",
+        "wrapped: per-request accepted-length histogram (`vllm_dflash:accepted_tokens_per_step`), for an engine with "
+        "our drafter (the scheduler's `vllm_config`)",
+        "called once per request per verify step in the scheduler (engine core), also by `AsyncScheduler` (inherited); "
+        "returns None when stats are off or no draft was verified, else the batch's `SpecDecodingStats` after "
+        "`observe_draft`",
+        params=("spec_decoding_stats", "num_draft_tokens", "num_accepted_tokens", "num_invalid_spec_tokens",
+                "request_id"), exact=True, attrs=("vllm_config",), patch="observe_draft",
         test="tests/vllm/test_vllm_serve.py"),
     Contract(
         "prometheus_client:REGISTRY", "attribute", "serve/metrics.py",
