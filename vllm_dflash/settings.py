@@ -541,6 +541,18 @@ def render_markdown() -> str:
                      f"{_cell(m['allowed'])} | {_cell(m['doc'])} |")
     lines += [
         "",
+        "## Which engines the plugin acts in",
+        "",
+        "Only engines configured for our DFlash drafter (`method: \"dflash\"`, `drafter` not `vllm`). Any other "
+        "engine (no speculation, n-gram, EAGLE, vLLM's own DFlash drafter) runs stock vLLM even with the plugin "
+        "installed: no patch acts, no `/metrics` family or `DFLASH_*` variable is added, and the plugin logs one line "
+        f"saying it is inactive (docs/CONTRACTS.md, \"The walls\"). `{env_name('vllm_extras')}=fixes` or `all` "
+        "opts every engine of the process in to our vLLM fixes, or the fixes and the CPU speed-ups (table above).",
+        "",
+        "To switch the plugin off entirely (no hook at all, vLLM's built-in DFlash drafter for `method: dflash`), "
+        "leave it out of vLLM's plugin list: `VLLM_PLUGINS=\"\"` (no general plugin), or `VLLM_PLUGINS` naming "
+        "the plugins you want without `vllm_dflash`; or uninstall `vllm-dflash`.",
+        "",
         "## Deprecated names",
         "",
         f"Every environment variable above was named `{DEPRECATED_ENV_PREFIX}<NAME>` before (inside vLLM's `VLLM_` "

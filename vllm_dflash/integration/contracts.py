@@ -15,8 +15,9 @@ CONTRACTS: tuple[Contract, ...] = (
         "vllm.plugins", "module", "setup.py, vllm_dflash/__init__.py",
         "entry-point group `vllm.general_plugins`: `vllm_dflash = vllm_dflash:register`",
         "`load_general_plugins()` calls it in every process (API server, engine core, worker) before the worker class "
-        "is resolved; an exception from a plugin propagates into vLLM, so `register()` never raises for a vLLM that "
-        "fails this table: it warns and only makes configuring DFlash fail",
+        "is resolved; an exception from a plugin propagates into vLLM, so `register()` never raises: it hooks the "
+        "front end only, and the patches (after this table's check) are applied where DFlash is configured; for a "
+        "vLLM that fails this table it warns and only makes configuring DFlash fail",
         attrs=("load_general_plugins",), source=('"vllm.general_plugins"',), test="tests/unit/test_package.py"),
     # ---------------------------------------------------------------- drafter
     Contract(
