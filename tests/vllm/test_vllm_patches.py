@@ -2,8 +2,8 @@
 """Regression tests for the vLLM patches in vllm_dflash/integration/patches/ (one module per patch).
 
 Each pairs "works with the plugin" with "the upstream bug is still there without it": when the second half
-starts failing, vLLM fixed the bug and the ledger's removal condition is met. These engines have no DFlash drafter, so
-they opt in (DFLASH_VLLM_EXTRAS: fixes for the bug fixes, all for the speed-ups; the walls: tests/vllm/test_walls.py)."""
+starts failing, vLLM fixed the bug and the ledger's removal condition is met. These engines have no DFlash drafter,
+so they opt in (DFLASH_VLLM_EXTRAS: fixes for the bug fixes, all for the speed-ups; the walls: test_walls.py)."""
 import json
 import os
 import subprocess
