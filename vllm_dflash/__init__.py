@@ -11,21 +11,21 @@ _REGISTERED = False
 
 
 def register() -> None:
-    """vLLM general-plugin hook: install our DFlash drafter for `method: "dflash"`.
+    """vLLM general-plugin hook: our DFlash drafter for `method: "dflash"`, and nothing for any other engine.
 
-    Speculative-config key "drafter": "vllm" (or DFLASH_DRAFTER=vllm) keeps vLLM's built-in drafter (side-by-side
-    comparisons); every setting: docs/CONFIGURATION.md.
-
-    Never raises: vLLM calls it for every use, DFlash or not. It checks the vLLM internals the plugin relies on first
-    (integration/seam.py, docs/CONTRACTS.md); on a mismatch it applies no patch, warns once, and only configuring
-    DFlash fails (with the problems and the fix)."""
+    vLLM calls it in every process, DFlash or not; it never raises. It only hooks the front end's speculative-config
+    step: configuring DFlash (our drafter) checks the vLLM internals the plugin relies on (integration/seam.py,
+    docs/CONTRACTS.md) and applies the patches, which act in that engine only. On a mismatch no patch is applied and
+    configuring DFlash fails with the problems and the fix. DFLASH_VLLM_EXTRAS=fixes|all opts every engine in to our
+    vLLM fixes / CPU speed-ups; VLLM_PLUGINS without `vllm_dflash` switches the plugin off entirely.
+    Speculative-config key "drafter": "vllm" keeps vLLM's built-in drafter; every setting: docs/CONFIGURATION.md."""
     global _REGISTERED
     if _REGISTERED:
         return
     _REGISTERED = True
-    from vllm_dflash.integration.patches import apply_patches
+    from vllm_dflash.integration.patches import register_plugin
 
-    apply_patches()
+    register_plugin()
 
 
 _LAZY = {

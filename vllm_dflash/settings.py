@@ -203,9 +203,10 @@ class DFlashSettings:
         fix="use a number in (0, 1]")
     overlap: bool | str = _setting(
         "auto", type="bool | str", allowed='"auto", true, false', shown_default='"auto"', parse=_overlap,
-        doc="Overlap (async) scheduling on CPU: auto = on for our drafter with a fixed block, off with adaptive "
-            "drafting; true = wherever vLLM allows it, serving without speculation included (adaptive then gets "
-            "our AsyncScheduler); false = never. --no-async-scheduling always wins.",
+        doc="Overlap (async) scheduling of our drafter, on every platform: auto = on for the fixed block (where "
+            "vLLM allows it), off with adaptive drafting (logged); true = wherever vLLM allows it (adaptive then gets "
+            "our AsyncScheduler); false = never. --no-async-scheduling always wins. Engines without our drafter keep "
+            "vLLM's choice.",
         fix="use 'auto', true or false")
     kv_injection: str = _setting(
         "auto", type="str", allowed='"auto", "fused", "reference"', shown_default='"auto"',
@@ -285,7 +286,7 @@ class ProcessSettings:
     profile: bool = _setting(
         False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
         doc="Time every target forward into vllm_dflash:target_forward_seconds (CPU, eager or compiled; the serving "
-            "benchmark sets it).", fix="use 1 or 0")
+            "benchmark sets it). Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all).", fix="use 1 or 0")
     trace: str | None = _setting(
         None, type="path", allowed="a folder", shown_default="off", parse=_text_or_none, spec_key=False,
         doc="Adaptive drafting: write one JSON line per engine step (batch, query and produced tokens, the step's "
@@ -314,7 +315,7 @@ class ProcessSettings:
             "with 2+ OpenMP threads, else 2. Costs a second copy of each such weight. Ignored elsewhere (fp32, no "
             "avx512_bf16, or a layer vLLM does not give to oneDNN). Experimental: inside vLLM on a Xeon whose L3 holds "
             "the whole model it measured slower than vLLM's own GEMM (dev/results/gemv_vllm.md), so it "
-            "stays off by default.",
+            "stays off by default. Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all).",
         fix="use off, auto or a number of rows from 1 to 16")
     cpu_gemm_f32: int | str = _setting(
         "auto", type="int | str", allowed="off (0), auto, all, or a number of rows", shown_default="auto",
@@ -324,7 +325,8 @@ class ProcessSettings:
             "each output in one fixed order, so a row's result does not depend on the batch it is in. `auto`: `all` "
             "on CPUs with avx2 and fma but no avx512f (measured faster than oneDNN at every row count from 1 to "
             "2048 on a 2-core AVX2 EPYC: dev/results/gemm_f32.md), off elsewhere (not measured there). "
-            "Costs nothing in memory when vLLM drops its own copy of the weight (every layer but a tied LM head).",
+            "Costs nothing in memory when vLLM drops its own copy of the weight (every layer but a tied LM head). "
+            "Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all).",
         fix="use off, auto, all or a number of rows >= 1")
     onednn_cache: int = _setting(
         512, type="int", allowed="off (0) or 32..8192 (row counts)", shown_default="512", parse=_onednn_cache,
@@ -332,8 +334,19 @@ class ProcessSettings:
         doc="Row counts (M) for which vLLM's CPU oneDNN GEMM keeps a built primitive per weight shape (vLLM: 32). "
             "When a model loads, those of every decode step the engine can schedule (1 .. max_num_seqs x (1 + "
             "num_speculative_tokens), at most half of this) are built up front, so a speculative step never builds "
-            "one mid-step. Applies to every configuration, no speculation included; `off` keeps vLLM's behaviour.",
+            "one mid-step. Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all); `off` keeps vLLM's behaviour.",
         fix="use off or a number from 32 to 8192")
+    vllm_extras: str = _setting(
+        "off", type="str", allowed="off, fixes, all", shown_default="off", parse=_choice("off", "fixes", "all"),
+        spec_key=False,
+        doc="Our vLLM patches for engines WITHOUT our DFlash drafter (no speculation, n-gram, EAGLE, vLLM's own "
+            "drafter), process-wide. off: such engines run stock vLLM (the plugin only logs that it is inactive). "
+            "fixes: also our vLLM bug fixes (seeded chunked prefill on CPU, the CPU expand kernel's temperatures, "
+            "Ray on CPU, OpenMP threads after numba). all: fixes plus the CPU speed-ups (the model in the engine "
+            "core, fp32 GEMM, oneDNN cache, plain sampling for draft-less steps, one-pass greedy verification, "
+            "DFLASH_PROFILE). An engine with our drafter always gets all of them. A bad value is warned about and "
+            "read as off.",
+        fix="use off, fixes or all")
     dtype: str | None = _setting(
         None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
         "float32", parse=_dtype, spec_key=False,
@@ -533,6 +546,18 @@ def render_markdown() -> str:
         lines.append(f"| `{env_name(name)}` | {_cell(m['type'])} | {_cell(m['shown_default'])} | "
                      f"{_cell(m['allowed'])} | {_cell(m['doc'])} |")
     lines += [
+        "",
+        "## Which engines the plugin acts in",
+        "",
+        "Only engines configured for our DFlash drafter (`method: \"dflash\"`, `drafter` not `vllm`). Any other "
+        "engine (no speculation, n-gram, EAGLE, vLLM's own DFlash drafter) runs stock vLLM even with the plugin "
+        "installed: no patch acts, no `/metrics` family or `DFLASH_*` variable is added, and the plugin logs one line "
+        f"saying it is inactive (docs/CONTRACTS.md, \"The walls\"). `{env_name('vllm_extras')}=fixes` or `all` "
+        "opts every engine of the process in to our vLLM fixes, or the fixes and the CPU speed-ups (table above).",
+        "",
+        "To switch the plugin off entirely (no hook at all, vLLM's built-in DFlash drafter for `method: dflash`), "
+        "leave it out of vLLM's plugin list: `VLLM_PLUGINS=\"\"` (no general plugin), or `VLLM_PLUGINS` naming "
+        "the plugins you want without `vllm_dflash`; or uninstall `vllm-dflash`.",
         "",
         "## Deprecated names",
         "",

@@ -22,7 +22,13 @@ def get_logger(name: str) -> logging.Logger:
         root.propagate = False
         from vllm_dflash.settings import process_setting  # after the handler: a deprecation warning can print
 
-        root.setLevel(process_setting("log_level"))
+        from vllm_dflash.config import DFlashConfigError
+
+        try:
+            root.setLevel(process_setting("log_level"))
+        except DFlashConfigError as e:  # the plugin loads in every vLLM process: a bad value must not stop one
+            root.setLevel("INFO")
+            root.warning("vllm_dflash: %s; using INFO", e)
     return logger
 
 

@@ -23,12 +23,14 @@ def sampler():
     from vllm_dflash.integration.patches import cpu_greedy_verify
 
     current_platform.register_triton_kernel_overrides()  # what the CPU worker does before its first step
-    before = RejectionSampler.forward
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    before, sample = RejectionSampler.forward, CPUModelRunner._sample
     cpu_greedy_verify.apply()  # this patch only (the wrapper; vLLM's forward stays as __wrapped__), undone after:
     try:  # the other patches would change what later tests in this process read of vLLM (tests/vllm/test_seam.py)
         yield RejectionSampler(Sampler())
     finally:
-        RejectionSampler.forward = before
+        RejectionSampler.forward, CPUModelRunner._sample = before, sample
 
 
 def _metadata(draft_lists: list[list[int]]):
@@ -102,6 +104,10 @@ def test_wrapper_takes_the_fast_path_only_when_eligible(sampler):
     drafts, logits = _case(rng, 4, 256, torch.float32, False)
     md = _metadata(drafts)
     before = getattr(sampler, "_vllm_dflash_greedy_steps", 0)
+    sampler._vllm_dflash_on = False  # its runner's engine has neither our drafter nor the opt-in: vLLM's forward
+    sampler(md, None, logits.clone(), _greedy_metadata(4))
+    assert getattr(sampler, "_vllm_dflash_greedy_steps", 0) == before
+    sampler._vllm_dflash_on = True  # set by the runner (CPUModelRunner._sample wrapper) for such an engine
     fast = sampler(md, None, logits.clone(), _greedy_metadata(4))
     assert sampler._vllm_dflash_greedy_steps == before + 1
     slow = sampler(md, None, logits.clone(), _greedy_metadata(4, max_num_logprobs=0))

@@ -53,7 +53,7 @@ def test_doctored_entries_are_reported(monkeypatch):
         "missing private attribute": (dataclasses.replace(model, attrs=model.attrs + ("_fused_qkv_weight",)),
                                       "attribute(s) _fused_qkv_weight no longer found on DFlashQwen3Model"),
         "source": (dataclasses.replace(observe, kind="function", symbol="vllm.forward_context:set_forward_context",
-                                       params=None, source=("no_such_call(",)), "source no longer contains"),
+                                       params=None, attrs=(), source=("no_such_call(",)), "source no longer contains"),
         "new required parameter": (Contract(f"{me}:_fake_required", "function", "", "", "", params=("a", "b")),
                                    "new required parameter(s): new"),
     }

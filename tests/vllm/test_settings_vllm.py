@@ -33,6 +33,12 @@ def test_patched_create_speculative_config_writes_additional_config(monkeypatch)
         return "spec-config"
 
     monkeypatch.setattr(EngineArgs, "create_speculative_config", orig)
+    # applying the plugin (seam check, patches, metrics folder) is not this test's subject: the stand-in skips it
+    from vllm_dflash.integration import patches
+
+    monkeypatch.setattr(patches, "activate", lambda: [])
+    monkeypatch.setattr("vllm_dflash.serve.metrics.register_collector", lambda: None)
+    monkeypatch.delenv(patches.ACTIVE_ENV, raising=False)
     monkeypatch.setattr("vllm_dflash.integration.validation.validate_dflash_spec",
                         lambda spec, hf, tp_size=None: SimpleNamespace(block_size=8))
     speculative_config.apply()
@@ -63,6 +69,7 @@ def test_patched_create_speculative_config_writes_additional_config(monkeypatch)
     assert c.additional_config["dflash"]["diffusion_steps"] == 3 and c.additional_config["dflash"]["drafter"] == "vllm"
     assert "disable_eagle_block_drop" not in seen["spec"]  # vLLM's drafter: our validation and defaults skipped
     monkeypatch.delenv("DFLASH_DIFFUSION_STEPS")
+    assert os.environ.pop(patches.ACTIVE_ENV) == "1"  # the marker (not a setting): this process serves DFlash
     assert dict(os.environ) == before
 
     d = SimpleNamespace(speculative_config={"method": "dflash", "model": "d", "adaptive": 7}, additional_config={})
@@ -98,7 +105,9 @@ def probe(llm):
             "drafter": type(d).__name__, "diffusion_steps": d.diffusion_steps, "adaptive": d.adaptive,
             "confidence_threshold": d.confidence_threshold, "kv_injection": model.kv_injection,
             "injection_path": model.last_injection_path, "tokens": toks,
-            "env": sorted(k for k in os.environ if "DFLASH" in k and k != "DFLASH_METRICS_DIR")}  # metrics: a folder
+            # not settings: the metrics folder and the marker of a DFlash engine's processes (docs/CONTRACTS.md)
+            "env": sorted(k for k in os.environ if "DFLASH" in k and k not in ("DFLASH_METRICS_DIR",
+                                                                               "DFLASH_PLUGIN_ACTIVE"))}
 
 
 out = {}

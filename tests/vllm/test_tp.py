@@ -366,9 +366,10 @@ else:
     # the raylet aborts (WaitForDashboardAgentPorts) when its agent needs > 30 s to start on a loaded small host
     RAY_ENV = {"RAY_agent_register_timeout_ms": "300000"}
 
-    def test_ray_backend_on_cpu_selects_ray_cpu_executor():
-        """The patch (integration/patches/ray_cpu.py): backend "ray" on CPU -> RayCpuExecutor; other backends are
-        vLLM's choice. No engine, no Ray cluster (seconds)."""
+    def test_ray_backend_on_cpu_selects_ray_cpu_executor(monkeypatch):
+        """The patch (integration/patches/ray_cpu.py): backend "ray" on CPU -> RayCpuExecutor for an engine with our
+        drafter, or any engine under DFLASH_VLLM_EXTRAS=fixes; otherwise (and for other backends) vLLM's choice. No
+        engine, no Ray cluster (seconds)."""
         pytest.importorskip("ray")
         from types import SimpleNamespace
 
@@ -378,14 +379,23 @@ else:
 
         from vllm_dflash.integration.ray_cpu_executor import RayCpuExecutor
 
+        from vllm_dflash.integration.patches import activate
+
         load_general_plugins()
+        assert activate() == []  # as configuring DFlash does in the front end
+        monkeypatch.delenv("DFLASH_VLLM_EXTRAS", raising=False)
 
-        def cfg(backend):
-            return SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend))
+        def cfg(backend, method=None):
+            return SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend),
+                                   speculative_config=SimpleNamespace(method=method) if method else None,
+                                   additional_config=None)
 
-        assert Executor.get_class(cfg("ray")) is RayCpuExecutor
-        assert Executor.get_class(cfg("mp")) is MultiprocExecutor
+        assert Executor.get_class(cfg("ray", "dflash")) is RayCpuExecutor
+        assert Executor.get_class(cfg("mp", "dflash")) is MultiprocExecutor
         assert Executor.get_class(cfg(RayCpuExecutor)) is RayCpuExecutor
+        assert Executor.get_class(cfg("ray")) is not RayCpuExecutor  # the walls: vLLM's own choice
+        monkeypatch.setenv("DFLASH_VLLM_EXTRAS", "fixes")
+        assert Executor.get_class(cfg("ray")) is RayCpuExecutor
 
     def _processes_with_env(marker: str) -> set[int]:
         """Live processes whose environment holds `marker` (NAME=value): a run's engine, workers and the Ray cluster

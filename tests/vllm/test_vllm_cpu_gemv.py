@@ -53,7 +53,7 @@ def results(pair):
     spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
     common = {"model": t, "prompts": PROMPTS, "max_tokens": 24, "patch": NO_SGL, "after": PROBE,
               "sampling": {"logprobs": 5}, "llm_kwargs": {"dtype": "bfloat16"}}
-    on = {"DFLASH_CPU_GEMV": "8"}
+    on = {"DFLASH_CPU_GEMV": "8", "DFLASH_VLLM_EXTRAS": "all"}  # engines without our drafter: the opt-in
     runs = {
         "off": {**common},
         "on": {**common, "env": on},

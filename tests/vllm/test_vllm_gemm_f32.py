@@ -32,7 +32,8 @@ def results(pair):
     spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": False}
     common = {"model": t, "prompts": PROMPTS, "max_tokens": 24, "after": PROBE, "sampling": {"logprobs": 5},
               "llm_kwargs": {"dtype": "float32"}}
-    on, off = {"DFLASH_CPU_GEMM_F32": "all"}, {"DFLASH_CPU_GEMM_F32": "off"}
+    # engines without our drafter get the kernel under the opt-in only (the walls: tests/vllm/test_walls.py)
+    on, off = {"DFLASH_CPU_GEMM_F32": "all", "DFLASH_VLLM_EXTRAS": "all"}, {"DFLASH_CPU_GEMM_F32": "off"}
     runs = {
         "off": {**common, "env": off},
         "on": {**common, "env": on},

@@ -39,6 +39,7 @@ def patched(monkeypatch):
         return original(weight, primitive_cache_size)
 
     monkeypatch.setattr(ops, "create_onednn_mm", spy)
+    monkeypatch.setenv("DFLASH_VLLM_EXTRAS", "all")  # these configs have no DFlash drafter: the opt-in
     monkeypatch.setattr(patch_mod, "_ORIGINAL", None)
     monkeypatch.setattr(patch_mod, "_WARMED", set())
     patch_mod.apply()  # wraps the spy as it wraps vLLM's function

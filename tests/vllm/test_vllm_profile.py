@@ -29,7 +29,8 @@ def runs(pair):
               "after": PROBE, "llm_kwargs": {"enforce_eager": False}}
     ngram = {**common, "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-             "env": {"DFLASH_PROFILE": "1"}, "after": PROBE.replace("runner.drafter.metrics", "MetricsSink.get()")}
+             "env": {"DFLASH_PROFILE": "1", "DFLASH_VLLM_EXTRAS": "all"},  # without our drafter: the opt-in
+             "after": PROBE.replace("runner.drafter.metrics", "MetricsSink.get()")}
     ngram["after"] = "from vllm_dflash.serve.metrics import MetricsSink\n" + ngram["after"]
     return run_vllm([common, {**common, "env": {"DFLASH_PROFILE": "1"}}, ngram])
 

@@ -15,8 +15,9 @@ CONTRACTS: tuple[Contract, ...] = (
         "vllm.plugins", "module", "setup.py, vllm_dflash/__init__.py",
         "entry-point group `vllm.general_plugins`: `vllm_dflash = vllm_dflash:register`",
         "`load_general_plugins()` calls it in every process (API server, engine core, worker) before the worker class "
-        "is resolved; an exception from a plugin propagates into vLLM, so `register()` never raises for a vLLM that "
-        "fails this table: it warns and only makes configuring DFlash fail",
+        "is resolved; an exception from a plugin propagates into vLLM, so `register()` never raises: it hooks the "
+        "front end only, and the patches (after this table's check) are applied where DFlash is configured; for a "
+        "vLLM that fails this table it warns and only makes configuring DFlash fail",
         attrs=("load_general_plugins",), source=('"vllm.general_plugins"',), test="tests/unit/test_package.py"),
     # ---------------------------------------------------------------- drafter
     Contract(
@@ -227,6 +228,28 @@ CONTRACTS: tuple[Contract, ...] = (
         "`MultiprocExecutor.supports_async_scheduling()` are True",
         params=("vllm_config",), exact=True, patch="async_scheduling",
         test="tests/vllm/test_vllm_drafter.py::test_overlap_scheduling_on_for_our_drafter_only"),
+    Contract(
+        "vllm.config.vllm:VllmConfig.__post_init__", "method", "integration/patches/engine_config.py",
+        "wrapped, for an engine with our DFlash drafter only: before it, `VLLM_USE_V2_MODEL_RUNNER=1` is refused with "
+        "the fix; after it (the platform hook included), the `overlap` rule on every platform (adaptive drafting: "
+        "async scheduling off under auto/false, our scheduler under true) and a config still on Model Runner V2 is "
+        "refused",
+        "runs on every `VllmConfig(...)` (pydantic calls it by name), in the front end; decides `async_scheduling` "
+        "(True for dflash where the executor supports it) and then calls `current_platform.check_and_update_config`, "
+        "which only the CPU platform uses to force async scheduling off; nothing after the platform hook reads "
+        "`async_scheduling` except the V1/V2 runner validation",
+        params=(), exact=True, source=("current_platform.check_and_update_config(self)",), patch="engine_config",
+        test="tests/vllm/test_gpu_startup.py"),
+    Contract(
+        "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features", "method",
+        "integration/patches/engine_config.py",
+        "wrapped: names our DFlash drafter for an engine that has it, so `use_v2_model_runner` picks the V1 runner "
+        "(whose `DFlashProposer` global we replace) and logs vLLM's reason",
+        "`VllmConfig.use_v2_model_runner` (a property read on every use, front end and worker) returns False when "
+        "this list is non-empty, unless `VLLM_USE_V2_MODEL_RUNNER` is set or a V2-only feature forces V2; on a GPU "
+        "with Triton V2 is the default",
+        params=(), exact=True, attrs=("use_v2_model_runner",),
+        test="tests/vllm/test_gpu_startup.py::test_default_dflash_config_starts_on_cuda"),
     Contract(
         "vllm.v1.executor.uniproc_executor:UniProcExecutor._init_executor", "method",
         "integration/patches/cpu_uniproc.py",
@@ -481,11 +504,15 @@ CONTRACTS: tuple[Contract, ...] = (
         "`vllm-dflash eval --ngram` runs the n-gram engine last)",
         params=(), source=("_expand_kernel_impl",), test="tests/vllm/test_vllm_sampling.py"),
     Contract(
-        "vllm.v1.spec_decode.metrics:SpecDecodingStats.observe_draft", "method", "integration/patches/"
+        "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats", "method", "integration/patches/"
         "observe_draft.py, serve/metrics.py",
-        "wrapped: per-request accepted-length histogram (`vllm_dflash:accepted_tokens_per_step`)",
-        "called once per request per verify step in the scheduler (engine core)",
-        params=("num_draft_tokens", "num_accepted_tokens"), exact=True, patch="observe_draft",
+        "wrapped: per-request accepted-length histogram (`vllm_dflash:accepted_tokens_per_step`), for an engine with "
+        "our drafter (the scheduler's `vllm_config`)",
+        "called once per request per verify step in the scheduler (engine core), also by `AsyncScheduler` (inherited); "
+        "returns None when stats are off or no draft was verified, else the batch's `SpecDecodingStats` after "
+        "`observe_draft`",
+        params=("spec_decoding_stats", "num_draft_tokens", "num_accepted_tokens", "num_invalid_spec_tokens",
+                "request_id"), exact=True, attrs=("vllm_config",), patch="observe_draft",
         test="tests/vllm/test_vllm_serve.py"),
     Contract(
         "prometheus_client:REGISTRY", "attribute", "serve/metrics.py",

@@ -99,12 +99,7 @@ class DFlashDrafter(DFlashProposer):
         if self.adaptive is not None:
             from vllm_dflash.adaptive.controller import AdaptiveController
 
-            sched = vllm_config.scheduler_config
-            self.overlap = bool(sched.async_scheduling)
-            if self.overlap and sched.scheduler_cls != ADAPTIVE_SCHEDULER:
-                raise ValueError("vllm_dflash: adaptive drafting with async scheduling needs our scheduler (it decides "
-                                 f"each request's draft length). Fix: --scheduler-cls {ADAPTIVE_SCHEDULER}, or drop "
-                                 "--async-scheduling, or set speculative_config.adaptive to false")
+            self.overlap = adaptive_overlap(vllm_config)
             ngram = self.hint_ngram or (2, 4)  # a hinted draft: the controller's lookups are its hints
             # CPU, synchronous: the step cost is fitted as the target forward (timed here) plus the rest of the step
             if device.type == "cpu" and not self.overlap:
@@ -585,6 +580,18 @@ class DFlashDrafter(DFlashProposer):
                 del self._seen[r]
         self.metrics.flush()
         return torch.from_numpy(out).to(next_token_ids.device)
+
+
+def adaptive_overlap(vllm_config) -> bool:
+    """Does adaptive drafting run under overlap (async) scheduling in this engine? Refuses a config it cannot run:
+    async scheduling needs our scheduler, which decides each request's draft length."""
+    sched = vllm_config.scheduler_config
+    if sched.async_scheduling and sched.scheduler_cls != ADAPTIVE_SCHEDULER:
+        raise ValueError("vllm_dflash: adaptive drafting with async scheduling needs our scheduler (it decides each "
+                         f"request's draft length); this engine's scheduler is {sched.scheduler_cls!r}. Fix: "
+                         f"--scheduler-cls {ADAPTIVE_SCHEDULER}, or --no-async-scheduling, or set "
+                         "speculative_config.adaptive to false")
+    return bool(sched.async_scheduling)
 
 
 def adaptive_mode(vllm_config=None) -> str | None:

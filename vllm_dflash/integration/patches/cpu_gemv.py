@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts, setting_for
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -99,16 +99,21 @@ def dispatch(layer, remove_weight: bool) -> None:
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils as utils_mod
 
-    from vllm_dflash import settings
+    from vllm.config import get_current_vllm_config_or_none
+
     from vllm_dflash.ops.gemm_f32 import gemm_f32_supported, pack_f32_weight
     from vllm_dflash.ops.gemv import gemv_supported, pack_gemv_weight
 
-    rows = f32_rows(settings.process_setting("cpu_gemm_f32"))
+    cfg = get_current_vllm_config_or_none()  # the engine whose model is loading
+    if not acts("speedup", cfg):  # not an engine with our drafter (nor the opt-in): vLLM's own choice
+        _ORIGINAL(layer, remove_weight)
+        return
+    rows = f32_rows(setting_for("cpu_gemm_f32", cfg))
     if rows > 0 and _eligible(layer, utils_mod, ops, torch.float32, gemm_f32_supported) and _install(
             layer, remove_weight, ops, rows, torch.ops.vllm_dflash.linear_f32, pack_f32_weight, "_dflash_gemm_f32"):
         _log_once_f32(rows)
         return
-    rows = max_rows(settings.process_setting("cpu_gemv"), torch.get_num_threads())
+    rows = max_rows(setting_for("cpu_gemv", cfg), torch.get_num_threads())
     if rows > 0 and _eligible(layer, utils_mod, ops, torch.bfloat16, gemv_supported) and _install(
             layer, remove_weight, ops, rows, torch.ops.vllm_dflash.linear_bf16, pack_gemv_weight, "_dflash_gemv"):
         _log_once(rows)
@@ -152,4 +157,5 @@ PATCH = Patch(
     removal="when vLLM's CPU linear reaches the memory bandwidth at decode-sized M (dev/studies/gemv.py and "
             "dev/studies/gemm_f32.py show `vllm` within 10% of `ours` at M=1 and M=8)",
     apply=apply,
+    kind="speedup",
 )

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts_for
 
 
 def apply() -> None:
     from vllm.v1.outputs import SamplerOutput
     from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     from vllm_dflash.integration.greedy_verify import eligible, greedy_verify
 
@@ -27,21 +28,34 @@ def apply() -> None:
 
     @functools.wraps(orig)
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
-        if logits is not None and logits.device.type == "cpu" and \
+        if logits is not None and logits.device.type == "cpu" and self.__dict__.get("_vllm_dflash_on", False) and \
                 eligible(sampling_metadata, getattr(self, "synthetic_mode", False)):
             self._vllm_dflash_greedy_steps = getattr(self, "_vllm_dflash_greedy_steps", 0) + 1
             return SamplerOutput(sampled_token_ids=greedy_verify(metadata, logits), logprobs_tensors=None)
         return orig(self, metadata, draft_probs, logits, sampling_metadata)
 
+    sample = CPUModelRunner._sample
+
+    @functools.wraps(sample)
+    def _sample(self, logits, spec_decode_metadata):
+        # the sampler has no config: its runner (one engine) says whether this engine gets the speed-up
+        sampler = getattr(self, "rejection_sampler", None)
+        if sampler is not None and "_vllm_dflash_on" not in sampler.__dict__:
+            sampler._vllm_dflash_on = acts_for(self, "speedup")
+        return sample(self, logits, spec_decode_metadata)
+
     forward._vllm_dflash_patched = True
     RejectionSampler.forward = forward
+    CPUModelRunner._sample = _sample
 
 
 PATCH = Patch(
-    symbol="vllm.v1.sample.rejection_sampler.RejectionSampler.forward (wrapped)",
+    symbol="vllm.v1.sample.rejection_sampler.RejectionSampler.forward (wrapped; CPUModelRunner._sample wrapped to "
+           "tell it whether its engine gets the speed-up)",
     why="on CPU its all-greedy path copies the target logits 3-4 times and uses torch's slow argmax; an eligible "
         "all-greedy batch is verified with one argmax pass over the logits and the greedy rule on the host "
         "(integration/greedy_verify.py), the same output tensor",
     removal="when vLLM's CPU rejection sampler takes the argmax of the logits in place for all-greedy batches",
     apply=apply,
+    kind="speedup",
 )

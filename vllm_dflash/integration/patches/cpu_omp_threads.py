@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts
 
 
 @contextlib.contextmanager
@@ -45,15 +45,22 @@ def apply() -> None:
         return
 
     @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
+    def __init__(self, vllm_config, *args, **kwargs):
+        if not acts("fix", vllm_config):
+            init(self, vllm_config, *args, **kwargs)
+            self._vllm_dflash_omp_threads = None
+            return
         n = torch.get_num_threads()  # the worker has bound its threads by now (CPUWorker.init_device)
         with omp_threads_kept(n):
-            init(self, *args, **kwargs)
+            init(self, vllm_config, *args, **kwargs)
         self._vllm_dflash_omp_threads = n
 
     @functools.wraps(propose)
     def propose_draft_token_ids(self, *args, **kwargs):
-        with omp_threads_kept(self._vllm_dflash_omp_threads):  # set by __init__ above
+        n = self._vllm_dflash_omp_threads  # set by __init__ above (None: not for this engine)
+        if n is None:
+            return propose(self, *args, **kwargs)
+        with omp_threads_kept(n):
             return propose(self, *args, **kwargs)
 
     __init__._vllm_dflash_patched = True
@@ -70,4 +77,5 @@ PATCH = Patch(
             "reading OpenMP's per-thread count (tests/vllm/test_vllm_patches.py::"
             "test_numba_ngram_drops_omp_threads then fails its first assertion)",
     apply=apply,
+    kind="fix",
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts, setting_for
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -66,9 +66,12 @@ def _warm(handler, weight, rows: int, budget_s: float = WARM_BUDGET_S) -> int:
 
 def create_onednn_mm(weight, primitive_cache_size: int = 128):
     """Wraps vLLM's `_custom_ops.create_onednn_mm` (same signature): a larger row-count cache, built up front."""
-    from vllm_dflash import settings
+    from vllm.config import get_current_vllm_config_or_none
 
-    cache = settings.process_setting("onednn_cache")
+    cfg = get_current_vllm_config_or_none()  # the engine whose model is loading (None: outside one)
+    if not acts("speedup", cfg):  # not an engine with our drafter (nor the opt-in): vLLM's own
+        return _ORIGINAL(weight, primitive_cache_size)
+    cache = setting_for("onednn_cache", cfg)
     if cache <= 0:
         return _ORIGINAL(weight, primitive_cache_size)
     handler = _ORIGINAL(weight, max(cache, primitive_cache_size))
@@ -104,4 +107,5 @@ PATCH = Patch(
     removal="when vLLM sizes the cache from the scheduler (or pads M to buckets) and builds the decode sizes at "
             "warm-up",
     apply=apply,
+    kind="speedup",
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts_for
 
 
 def apply() -> None:
@@ -26,7 +26,7 @@ def apply() -> None:
 
     @functools.wraps(orig)
     def _sample(self, logits, spec_decode_metadata):
-        if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
+        if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0 and acts_for(self, "speedup"):
             self._vllm_dflash_plain_samples = getattr(self, "_vllm_dflash_plain_samples", 0) + 1
             return orig(self, logits, None)
         return orig(self, logits, spec_decode_metadata)
@@ -42,4 +42,5 @@ PATCH = Patch(
         "generators), so speculation steps that draft nothing cost what steps without speculation cost",
     removal="when vLLM's runner skips the rejection sampler for batches without drafts",
     apply=apply,
+    kind="speedup",
 )

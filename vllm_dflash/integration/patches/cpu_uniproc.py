@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import os
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts, acts_for
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -81,7 +81,7 @@ def apply() -> None:
     def check_and_update_config(cls, vllm_config) -> None:
         chose = vllm_config.parallel_config.distributed_executor_backend
         hook(cls, vllm_config)  # replaces "uni" with "mp" when multiprocessing is on
-        if keep_uniproc(vllm_config, chose):
+        if keep_uniproc(vllm_config, chose) and acts("speedup", vllm_config):
             vllm_config.parallel_config.distributed_executor_backend = "uni"
             logger.info("vllm_dflash: the engine core runs the model itself on CPU (executor 'uni'; "
                         "--distributed-executor-backend mp restores vLLM's worker process)")
@@ -95,7 +95,8 @@ def apply() -> None:
     def _init_executor(self) -> None:
         from vllm.platforms import current_platform
 
-        if current_platform.is_cpu() and multiprocessing_on():  # an engine core process that runs the model
+        # an engine core process that runs the model (backend `uni` kept by the hook above)
+        if current_platform.is_cpu() and multiprocessing_on() and acts_for(self, "speedup"):
             cpus = apply_omp_layout(self.vllm_config)
             if cpus is not None:
                 logger.info("vllm_dflash: engine core with the model: OpenMP threads on CPUs %s", cpus)
@@ -114,4 +115,5 @@ PATCH = Patch(
     removal="when vLLM's CPU platform keeps `uni` for one worker (or its shared-memory readers stop spinning on the "
             "model's cores)",
     apply=apply,
+    kind="speedup",
 )

@@ -2,7 +2,7 @@
 """Patch: CPU torch.Generators have no offset; the runner rewinds seeded generators by offset."""
 from __future__ import annotations
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts_for
 
 
 class _NoOffsetGenerator:
@@ -33,7 +33,8 @@ def apply() -> None:
     def _bookkeeping_sync(self, *args, **kwargs):
         batch = self.input_batch
         gens = batch.generators
-        if self.device.type == "cpu" and gens and self.discard_request_mask.np[: batch.num_reqs].any():
+        if self.device.type == "cpu" and gens and self.discard_request_mask.np[: batch.num_reqs].any() and \
+                acts_for(self, "fix"):
             batch.generators = {k: _NoOffsetGenerator(g) for k, g in gens.items()}
             try:
                 return orig(self, *args, **kwargs)
@@ -54,4 +55,5 @@ PATCH = Patch(
     removal="when vLLM rewinds CPU generators by state (or skips sampling for partial prefills); "
             "check with tests/vllm/test_vllm_patches.py without the patch",
     apply=apply,
+    kind="fix",
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from vllm_dflash.integration.forward_timer import time_forward_calls
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts_for, setting_for
 
 
 def time_forward(model, sink) -> None:
@@ -37,9 +37,7 @@ def apply() -> None:
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
         load(self, *args, **kwargs)
-        from vllm_dflash import settings
-
-        if not settings.process_setting("profile"):
+        if not acts_for(self, "speedup") or not setting_for("profile", self.vllm_config):
             return
         import torch
 
@@ -62,4 +60,5 @@ PATCH = Patch(
         "(its model-forward trace times need an OpenTelemetry collector)",
     removal="when vLLM publishes a per-step model-forward time on CPU in its Prometheus metrics",
     apply=apply,
+    kind="speedup",
 )

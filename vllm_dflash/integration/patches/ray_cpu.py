@@ -3,7 +3,7 @@
 (integration/ray_cpu_executor.py) instead of vLLM's Ray executors, which refuse CPU."""
 from __future__ import annotations
 
-from vllm_dflash.integration.patches.base import Patch
+from vllm_dflash.integration.patches.base import Patch, acts
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -26,7 +26,7 @@ def apply() -> None:
         return
 
     def get_class(vllm_config):
-        if not wants_ray_cpu(vllm_config):
+        if not (wants_ray_cpu(vllm_config) and acts("fix", vllm_config)):
             return orig(vllm_config)  # GPU and every other backend: vLLM's choice, untouched
         from vllm_dflash.integration.ray_cpu_executor import RayCpuExecutor  # imports ray: only when asked for
 
@@ -50,4 +50,5 @@ PATCH = Patch(
         "platform hook. GPU and every other backend: vLLM's own choice, untouched.",
     removal="when vLLM's Ray executor supports the CPU platform (a CPU ray_device_key and per-rank thread binding)",
     apply=apply,
+    kind="fix",
 )

@@ -1,46 +1,92 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Patch: our speculative-config keys become validated settings in vLLM's additional_config; the draft is validated
-against the target before any engine process starts."""
+"""Patch: the front end's hook. A speculative config for our DFlash drafter applies the plugin (seam check, patches,
+metrics) in this process and marks the engine's processes; our speculative-config keys become validated settings in
+vLLM's additional_config; the draft is validated against the target before any engine process starts. Every other
+configuration passes through untouched (one log line per process says the plugin is inactive)."""
 from __future__ import annotations
+
+import os
 
 from vllm_dflash import settings
 from vllm_dflash.integration.patches.base import Patch
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
+_INACTIVE_LOGGED = False
 
 
 def apply() -> None:
     from vllm.engine.arg_utils import EngineArgs
-
-    from vllm_dflash.integration.validation import validate_dflash_spec
 
     orig = EngineArgs.create_speculative_config
     if getattr(orig, "_vllm_dflash_patched", False):
         return
 
     def create_speculative_config(self, target_model_config, target_parallel_config):
-        spec = self.speculative_config
+        from vllm_dflash.integration import patches
+
+        spec = getattr(self, "speculative_config", None)
+        flags = {k: v for k, v in (("method", getattr(self, "spec_method", None)),
+                                   ("model", getattr(self, "spec_model", None))) if v is not None}
+        merged = {**(spec if isinstance(spec, dict) else {}), **flags} if flags else spec  # vLLM merges the flags
+        if not patches.wants_our_dflash(merged, getattr(self, "additional_config", None)):
+            from vllm_dflash.integration.patches.base import extras
+
+            if extras() != "off":  # the opt-in, set after this process loaded the plugin
+                patches.activate()
+            _log_inactive()
+            return orig(self, target_model_config, target_parallel_config)
+        if patches.activate():  # the seam check failed: no patch applied
+            raise patches.UnsupportedVLLMError(patches.SEAM_REPORT[0])
+        os.environ[patches.ACTIVE_ENV] = "1"  # the engine core and workers spawned for this engine apply them too
         if isinstance(spec, dict):
-            spec = {k.replace("-", "_"): v for k, v in spec.items()}
-            method = spec.get("method") or ("dflash" if "dflash" in str(spec.get("model", "")).lower() else None)
-            if method == "dflash":
-                # our keys -> validated settings (key > additional_config["dflash"] > DFLASH_* env > default) in
-                # vLLM's own additional_config, which reaches the engine core and every worker; a new dict, so
-                # a caller's dict shared between LLM(...) calls is never changed
-                ours = settings.resolve(settings.pop_spec_keys(spec),
-                                        settings.additional_config_section(self.additional_config))
-                self.additional_config = settings.with_settings(self.additional_config, ours)
-                if ours.drafter == "ours":
-                    cfg = validate_dflash_spec(spec, target_model_config.hf_config,
-                                               tp_size=getattr(target_parallel_config, "tensor_parallel_size", None))
-                    spec.setdefault("num_speculative_tokens", cfg.block_size - 1)
-                    keep_prefix_block(spec)
-            self.speculative_config = spec
+            self.speculative_config = prepare_spec(self, spec, target_model_config, target_parallel_config)
+        from vllm_dflash.serve.metrics import register_collector
+
+        register_collector()
+        logger.info("vllm_dflash: DFlash engine (our drafter): patches active: %s",
+                    ", ".join(patches.active_patches(dflash=True)))
         return orig(self, target_model_config, target_parallel_config)
 
     create_speculative_config._vllm_dflash_patched = True
     EngineArgs.create_speculative_config = create_speculative_config
+
+
+def _log_inactive() -> None:
+    """At most one line per process for engines without our drafter."""
+    global _INACTIVE_LOGGED
+    if _INACTIVE_LOGGED:
+        return
+    _INACTIVE_LOGGED = True
+    from vllm_dflash.integration import patches
+    from vllm_dflash.integration.patches.base import extras
+
+    level = extras()
+    if level == "off":
+        logger.info("vllm_dflash: inactive for this engine (no `method: dflash` with our drafter): vLLM runs "
+                    "unpatched (%s=fixes|all opts in to our vLLM fixes / CPU speed-ups)",
+                    settings.env_name("vllm_extras"))
+    else:
+        logger.info("vllm_dflash: not a DFlash engine; %s=%s: patches active: %s", settings.env_name("vllm_extras"),
+                    level, ", ".join(patches.active_patches(dflash=False)))
+
+
+def prepare_spec(engine_args, spec: dict, target_model_config, target_parallel_config) -> dict:
+    """Our keys -> validated settings (key > additional_config["dflash"] > DFLASH_* env > default) in vLLM's own
+    additional_config, which reaches the engine core and every worker; the draft validated against the target. A new
+    spec dict and a new additional_config dict: a caller's dicts shared between LLM(...) calls are never changed."""
+    from vllm_dflash.integration.validation import validate_dflash_spec
+
+    spec = {k.replace("-", "_"): v for k, v in spec.items()}
+    section = settings.additional_config_section(engine_args.additional_config)
+    ours = settings.resolve(settings.pop_spec_keys(spec), section)
+    engine_args.additional_config = settings.with_settings(engine_args.additional_config, ours)
+    if ours.drafter == "ours":
+        cfg = validate_dflash_spec(spec, target_model_config.hf_config,
+                                   tp_size=getattr(target_parallel_config, "tensor_parallel_size", None))
+        spec.setdefault("num_speculative_tokens", cfg.block_size - 1)
+        keep_prefix_block(spec)
+    return spec
 
 
 def keep_prefix_block(spec: dict) -> None:
@@ -64,10 +110,12 @@ def keep_prefix_block(spec: dict) -> None:
 
 PATCH = Patch(
     symbol="vllm.engine.arg_utils.EngineArgs.create_speculative_config",
-    why="vLLM's SpeculativeConfig forbids unknown keys; we strip ours (adaptive, diffusion_steps, "
-        "confidence_threshold, overlap, kv_injection, drafter), resolve them into vLLM's own "
-        "additional_config['dflash'] (settings.py), and validate the DFlash draft against the target before "
-        "any engine process starts (clear error, non-zero exit).",
+    why="the front end's one hook, installed in every process at plugin load: a config for our DFlash drafter "
+        "applies the plugin (seam check, patches, metrics) and marks its engine's processes; vLLM's "
+        "SpeculativeConfig forbids unknown keys, so we strip ours (adaptive, diffusion_steps, confidence_threshold, "
+        "overlap, kv_injection, drafter, ...), resolve them into vLLM's own additional_config['dflash'] "
+        "(settings.py), and validate the DFlash draft against the target before any engine process starts (clear "
+        "error, non-zero exit). Any other config passes through untouched",
     removal="when SpeculativeConfig accepts plugin-owned extra keys and a pre-engine validation hook",
     apply=apply,
 )
