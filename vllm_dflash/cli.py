@@ -120,7 +120,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from vllm_dflash.bench.demo import run_demo
 
     return run_demo(draft=a.draft, num_prompts=a.num_prompts, max_tokens=a.max_tokens, mode=a.mode, dtype=a.dtype,
-                    eager=a.enforce_eager, cpu_bind=a.cpu_bind)
+                    eager=a.enforce_eager, cpu_bind=a.cpu_bind, parallel=False if a.serial_start else None)
 
 
 def cmd_check_data(a: argparse.Namespace) -> int:
@@ -291,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_eval)
 
-    s = parser("demo", "the main job: serve SmolLM2 without speculation, with vLLM's n-gram and with our drafter, "
-               "side by side: tok/s, speedup, tokens per forward, τ, greedy exactness")
+    s = parser("demo", "the main job: serve SmolLM2 with stock vLLM (no speculation, n-gram; the plugin not loaded) "
+               "and with our drafter, side by side: tok/s, speedup over stock vLLM, tokens per forward, τ, greedy "
+               "exactness")
     s.add_argument("--draft", default=None, help=draft_help)
     s.add_argument("--num-prompts", type=int, default=4, help="HumanEval prompts, sent one at a time")
     s.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
@@ -306,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="VLLM_CPU_OMP_THREADS_BIND of the servers, OMP_NUM_THREADS = the cores listed; 'auto' = vLLM's "
                         "default layout (default: every core bound to the model worker, the bench's measured layout; "
                         "a VLLM_CPU_OMP_THREADS_BIND already set in the shell wins)")
+    s.add_argument("--serial-start", action="store_true",
+                   help="start the servers one after another (default: all at once when the memory allows, 3 x "
+                        "3 GiB; each is paused once ready, so none takes CPU while another is measured)")
     s.set_defaults(fn=cmd_demo)
 
     s = parser("check-data", "contamination check: no evaluation prompt in the training data (by id, hash of the "

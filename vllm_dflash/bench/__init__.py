@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Benchmarks and the demo. The serving benchmark (`vllm-dflash bench`, `benchmarks/bench_serving.py`):
 
-  configs.py : the configuration registry (none, ngram, vllm-dflash, ours, ours-no-overlap, ours-adaptive, ours-adaptive-overlap)
+  configs.py : the configuration registry (stock vLLM none and ngram, none+extras, ngram+extras, vllm-dflash,
+               ours, ours-no-overlap, ours-adaptive, ours-adaptive-overlap, ...)
   client.py  : concurrent streaming OpenAI clients (asyncio) against one `vllm serve`
   stats.py   : pure maths: percentiles, /metrics counter deltas (τ, per-position acceptance), output comparison
   report.py  : markdown table and PNG plots
@@ -10,7 +11,7 @@
   procs.py   : CPU time and layout of processes and threads, read from /proc
   run.py     : the driver: one real `vllm serve` per configuration, every prompt set and concurrency level
 Beside it:
-  demo.py          : `vllm-dflash demo`: no speculation, vLLM's n-gram drafter and ours side by side
+  demo.py          : `vllm-dflash demo`: stock vLLM without speculation and with n-gram, and ours side by side
   soak/            : the soak test (`benchmarks/soak.py`, `python -m vllm_dflash.bench.soak`): load, faults, bad input
   kernels.py       : KV-injection kernel benchmark (`benchmarks/bench_kv_injection.py`)
   train_profile.py : one training step timed by phase (`benchmarks/profile_train_step.py`)

@@ -6,12 +6,19 @@ variables for the server (DFLASH_* per-deployment defaults, docs/CONFIGURATION.m
 `BenchConfig(...)` in `REGISTRY`. Every configuration of a run shares the engine settings (threads, dtype,
 --enforce-eager, max-num-seqs, KV space); only the speculative config and these env vars differ, and, for a
 `NAME@mp` variant of any entry, vLLM's own CPU process layout (`--distributed-executor-backend mp`: a worker process
-beside the engine core, where the plugin otherwise runs the model in the engine core)."""
+beside the engine core, where the plugin otherwise runs the model in the engine core).
+
+The baselines `none` and `ngram` are stock vLLM: the plugin is not loaded in their servers (VLLM_PLUGINS lists every
+installed vLLM plugin but ours, serve/server.py: stock_env), so a speed-up over `none` answers "how much faster than
+the vLLM I have". `none+extras` and `ngram+extras` load the plugin with its CPU extras opted in
+(DFLASH_VLLM_EXTRAS=all), so what those extras alone give is reported on its own row."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+# The process-wide opt-in that gives a non-DFlash engine the plugin's bug fixes and CPU speed-ups (settings layer)
+EXTRAS_ENV = {"DFLASH_VLLM_EXTRAS": "all"}
 # vLLM prompt lookup; matches the drafts-per-step range of the DFlash configs at block 8 loosely (4 vs 7).
 NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
@@ -28,6 +35,7 @@ class BenchConfig:
     hinted: bool = False  # serves the hinted draft (--hinted-draft) instead of --draft
     placeholder: str | None = None  # why the entry is not wired yet (shown when it turns out unavailable)
     server_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments (the @mp variants)
+    stock: bool = False  # stock vLLM: the plugin is not loaded in the server (lookup() adds stock_env() to env)
 
     def speculative_config(self, draft: str | None, num_speculative_tokens: int | None) -> dict[str, Any] | None:
         if self.method is None:
@@ -62,17 +70,18 @@ class BenchConfig:
 
 
 REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
-    BenchConfig("none", "no speculation"),
-    BenchConfig("none-overlap", "no speculation with overlap (async) scheduling on CPU (DFLASH_OVERLAP=1; vLLM "
-                "forces it off on CPU): the engine core schedules step N+1 while the worker runs step N",
-                env={"DFLASH_OVERLAP": "1"}),
-    BenchConfig("ngram", "vLLM prompt lookup (n-gram); with vllm_dflash installed its worker keeps both OpenMP "
-                "threads (patches/cpu_omp_threads.py)", method="ngram",
-                spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}),
-    BenchConfig("ngram-bare", "vLLM prompt lookup (n-gram) as vLLM ships it: no plugin in its processes "
-                "(VLLM_PLUGINS=''), so on CPU its worker runs torch on one OpenMP thread after the first proposal",
-                method="ngram", spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"},
-                env={"VLLM_PLUGINS": ""}),
+    BenchConfig("none", "no speculation, stock vLLM (vllm_dflash not loaded: VLLM_PLUGINS excludes it)", stock=True),
+    BenchConfig("none+extras", "no speculation, vllm_dflash loaded with its CPU extras opted in "
+                "(DFLASH_VLLM_EXTRAS=all): what the plugin's CPU speed-ups alone give", env=dict(EXTRAS_ENV)),
+    BenchConfig("none-overlap", "no speculation with overlap (async) scheduling on CPU (DFLASH_OVERLAP=1, "
+                "DFLASH_VLLM_EXTRAS=all; vLLM forces it off on CPU): the engine core schedules step N+1 while the "
+                "worker runs step N", env={"DFLASH_OVERLAP": "1", **EXTRAS_ENV}),
+    BenchConfig("ngram", "vLLM prompt lookup (n-gram), stock vLLM (vllm_dflash not loaded: VLLM_PLUGINS excludes it; "
+                "on CPU its worker runs torch on one OpenMP thread after the first proposal)", method="ngram",
+                spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}, stock=True),
+    BenchConfig("ngram+extras", "vLLM prompt lookup (n-gram), vllm_dflash loaded with its CPU extras opted in "
+                "(DFLASH_VLLM_EXTRAS=all: e.g. its worker keeps every OpenMP thread, patches/cpu_omp_threads.py)",
+                method="ngram", spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}, env=dict(EXTRAS_ENV)),
     BenchConfig("vllm-dflash", "vLLM's built-in dflash drafter, same draft checkpoint", method="dflash",
                 env={"DFLASH_DRAFTER": "vllm"}, uses_draft=True),
     BenchConfig("ours", "vllm_dflash drafter, fixed block size (adaptive: false), overlap scheduling",
@@ -97,6 +106,7 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
                 uses_draft=True),
 ]}
 
+# the baselines first: stock vLLM without and with prompt lookup (the speed-ups are over stock `none`)
 DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive", "ours-adaptive-overlap")
 
 
@@ -106,7 +116,8 @@ LABEL_SEP = "#"  # NAME#LABEL: a labelled copy of NAME, so one run can hold NAME
 
 
 def lookup(name: str) -> BenchConfig:
-    """A copy of the registry entry `name`, or of its variants: `NAME@mp` (vLLM's worker-process layout on CPU),
+    """A copy of the registry entry `name` (a stock entry's env keeps the plugin out: `stock_env`), or of its
+    variants: `NAME@mp` (vLLM's worker-process layout on CPU),
     `NAME@onednn` (vLLM's oneDNN GEMM for every linear layer: DFLASH_CPU_GEMM_F32=off, DFLASH_CPU_GEMV=off), or
     both (`NAME@onednn@mp`). `NAME#LABEL` (after any of those): a copy of NAME under its own name, for side-by-side
     A/Bs of `--spec-extra` / `--env-extra` overrides (e.g. `ours-adaptive` against `ours-adaptive#g11` with
@@ -127,6 +138,10 @@ def lookup(name: str) -> BenchConfig:
                          f"then optionally {LABEL_SEP}LABEL")
     cfg = copy.deepcopy(REGISTRY[base])
     cfg.name = name
+    if cfg.stock:
+        from vllm_dflash.serve.server import stock_env
+
+        cfg.env = {**stock_env(), **cfg.env}
     if MP_SUFFIX in suffixes:
         cfg.description += ("; with vLLM's own CPU process layout (--distributed-executor-backend mp): the model in a "
                             "worker process beside the engine core")

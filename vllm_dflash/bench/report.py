@@ -237,7 +237,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         env = ", ".join(f"{k}={v}" for k, v in c["env"].items()) or "–"
         spec = f"`{json.dumps(c['speculative_config'])}`" if c["speculative_config"] else "–"
         out.append(f"| {name} | {c['description']} | {spec} | {env} | {status} |")
-    out += ["", "## Results", "", "speedup = output tok/s over `none` at the same prompt set and concurrency ("
+    out += ["", "## Results", "", "speedup = output tok/s over `none` (stock vLLM, no speculation) at the same prompt "
+            "set and concurrency ("
             + ROUND_SPREAD_NOTE + "); "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
@@ -257,7 +258,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     ad = render_adaptive(result["runs"])
     if ad:
         out += ["## Adaptive drafting choices (share of request-steps by source)", "", ad, ""]
-    out += ["## Losslessness (greedy outputs vs `none`)", ""]
+    out += ["## Losslessness (greedy outputs vs `none`, stock vLLM)", ""]
     ll = result["losslessness"]
     dtype = result["meta"]["engine"]["dtype"]
     out.append(f"Model dtype {dtype}: " + ("greedy outputs must be identical token for token." if dtype == "float32"
@@ -309,10 +310,10 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
                 for c, _, rounds in pts:  # the per-round spread (interleaved runs): a vertical bar at the point
                     if rounds:
                         ax.vlines(c, min(rounds), max(rounds), color=color.get(cfg), linewidth=1, alpha=0.6)
-        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="none")
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="none (stock vLLM)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(result["meta"]["concurrency"], [str(c) for c in result["meta"]["concurrency"]])
-        ax.set(title=f"{ps}: speedup over no speculation{note}", xlabel="concurrency", ylabel="output tok/s ÷ none")
+        ax.set(title=f"{ps}: speedup over stock vLLM{note}", xlabel="concurrency", ylabel="output tok/s ÷ none")
         ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(out_prefix.with_name(out_prefix.name + "-speedup.png"))

@@ -41,12 +41,13 @@ PRESETS = {"full": {"configs": ",".join(DEFAULT_CONFIGS), "concurrency": "1,8,32
 # Our plugin's own env knobs: unset in every server unless a configuration sets them (no leaks from the shell).
 PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metrics_dir", "overlap", "kv_injection",
                                 "adaptive", "cpu_gemv", "cpu_gemm_f32")
-                   for n in (settings.env_name(k), settings.deprecated_env_name(k)))
-# The servers' processes with vllm_dflash installed (TP 1): patches/cpu_uniproc.py keeps vLLM's `uni` executor on CPU
-PROCESSES = ("`vllm serve` with V1 multiprocessing (an API server and an engine core process, which runs the model "
-             "itself: vLLM's `uni` executor, kept on CPU by vllm_dflash; a `NAME@mp` configuration adds vLLM's CPU "
-             "worker process, --distributed-executor-backend mp; overlap scheduling also keeps the worker process), "
-             "TP 1")
+                   for n in (settings.env_name(k), settings.deprecated_env_name(k))) + ("DFLASH_VLLM_EXTRAS",)
+# The servers' processes (TP 1): patches/cpu_uniproc.py keeps vLLM's `uni` executor on CPU where the plugin acts
+PROCESSES = ("`vllm serve` with V1 multiprocessing (an API server and an engine core process; stock configurations "
+             "(`none`, `ngram`: vllm_dflash not loaded) add vLLM's CPU worker process; where vllm_dflash acts, the "
+             "engine core runs the model itself: vLLM's `uni` executor, kept on CPU by vllm_dflash; a `NAME@mp` "
+             "configuration adds vLLM's CPU worker process, --distributed-executor-backend mp; overlap scheduling "
+             "also keeps the worker process), TP 1")
 LAYOUT = (PROCESSES + ", one process group per configuration, started one after another; the benchmark "
           "client (asyncio, one process) runs on the same machine")
 LAYOUT_INTERLEAVED = (PROCESSES + ", one process group per configuration, **all up at once and interleaved**: per "

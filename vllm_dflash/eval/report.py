@@ -45,11 +45,11 @@ def format_report(r: EvalReport | dict[str, Any]) -> str:
              "  histogram (tokens/step 1..B) " + " ".join(str(h) for h in r["histogram"]),
              f"  throughput {r['tokens_per_s']:.1f} tok/s (draft share {100 * r['draft_time_share']:.0f}%)"]
     if r.get("speedup") is not None:
-        base = "no speculation" if r.get("engine") == "vllm" else "block size 1"
+        base = "stock vLLM, no speculation" if r.get("engine") == "vllm" else "block size 1"
         lines.append(f"  speedup over {base}: {r['speedup']:.2f}x  (baseline {r['baseline_tokens_per_s']:.1f} tok/s)")
     ng = r.get("ngram")
     if ng:
-        lines.append(f"  vLLM prompt lookup, {ng['num_speculative_tokens']} tokens, same prompts: τ "
+        lines.append(f"  stock vLLM prompt lookup, {ng['num_speculative_tokens']} tokens, same prompts: τ "
                      f"{ng['acceptance_length']:.3f}"
                      + (f" ({ng['tokens_per_forward']:.3f} tokens per target forward)"
                         if ng.get("tokens_per_forward") is not None else "")

@@ -2,11 +2,16 @@
 """Evaluate a draft through vLLM (offline LLM, in this process): τ and per-position acceptance from vLLM's
 spec-decode counters, tokens per target forward (generated tokens / request-steps), histogram from our
 accepted-per-step metric, speedup = output tokens/s with our drafter over the same engine settings without
-speculation. Both runs use the same prompts, greedy, one at a time (concurrency 1) unless `concurrency` says
-otherwise."""
+speculation. The baselines (no speculation, vLLM's n-gram) are stock vLLM: each runs in a child process with the
+plugin not loaded (VLLM_PLUGINS excludes it, serve/server.py: stock_env). Every run uses the same prompts, greedy,
+one at a time (concurrency 1) unless `concurrency` says otherwise."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,27 @@ def _run(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concur
             metrics[m.name] = metrics.get(m.name, 0.0) + float(getattr(m, "value", 0.0) or 0.0)
     del llm
     gc.collect()
+    return dt, n, metrics
+
+
+def _run_stock(llm_kwargs: dict, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
+               runner=subprocess.run) -> tuple[float, int, dict]:
+    """`_run` in a child process running stock vLLM: vllm_dflash is not loaded there (stock_env), whatever this
+    process registered. The child's output goes to this process's stderr (stdout stays for `eval --json`)."""
+    from vllm_dflash.serve.server import stock_env
+
+    with tempfile.TemporaryDirectory(prefix="dflash-eval-stock-") as d:
+        job, out = Path(d) / "job.json", Path(d) / "out.json"
+        job.write_text(json.dumps({"llm_kwargs": llm_kwargs, "prompts": prompts, "max_new_tokens": max_new_tokens,
+                                   "concurrency": concurrency}))
+        env = {**os.environ, **stock_env()}
+        proc = runner([sys.executable, "-m", "vllm_dflash.eval.vllm_engine", str(job), str(out)], env=env,
+                      stdout=sys.stderr.fileno())
+        if proc.returncode != 0 or not out.exists():
+            what = (llm_kwargs.get("speculative_config") or {}).get("method", "no speculation")
+            raise RuntimeError(f"eval: the stock vLLM baseline ({what}) failed with exit code {proc.returncode}; "
+                               "its log is above")
+        dt, n, metrics = json.loads(out.read_text())
     return dt, n, metrics
 
 
@@ -100,20 +126,24 @@ def evaluate_vllm(*, target: str | None, draft: str | Path, prompts: str, limit:
         per_position_acceptance=per_pos, histogram=hist, num_steps=int(drafts), output_tokens=n, tokens_per_s=n / dt,
         draft_time_share=draft_s / dt)
     if baseline:
-        bdt, bn, _ = _run(common, ids, max_new_tokens, concurrency)
+        bdt, bn, _ = _run_stock(common, ids, max_new_tokens, concurrency)
         report.baseline_tokens_per_s = bn / bdt
         report.speedup = report.tokens_per_s / report.baseline_tokens_per_s
-    if ngram_k:  # the no-training baseline on the same prompts: vLLM's prompt lookup with ngram_k tokens. Last: once
-        # its proposer has imported numba, vLLM 0.32's kernel-override scan fails for any later engine in this process
-        ndt, nn, nm = _run({**common, "speculative_config": {"method": "ngram", "num_speculative_tokens": ngram_k,
-                                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
-                           ids, max_new_tokens, concurrency)
+    if ngram_k:  # the no-training baseline on the same prompts: stock vLLM's prompt lookup with ngram_k tokens
+        ngram = {"method": "ngram", "num_speculative_tokens": ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        ndt, nn, nm = _run_stock({**common, "speculative_config": ngram}, ids, max_new_tokens, concurrency)
         ntau, nper_pos, _ = _acceptance(nm)
         # every request-step yields 1 + its accepted drafts, so request-steps = generated - accepted (steps without a
         # proposal included; tokens accepted past max_tokens and dropped make it a slight overestimate)
         gen, acc = taus.counter(nm, taus.GENERATED), taus.counter(nm, taus.ACCEPTED)
         report.ngram = {"num_speculative_tokens": ngram_k, "acceptance_length": ntau,
                         "tokens_per_forward": taus.tokens_per_forward(gen, gen - acc),
-                           "per_position_acceptance": nper_pos, "output_tokens": nn, "tokens_per_s": nn / ndt,
-                           "speedup": nn / ndt / report.baseline_tokens_per_s if baseline else None}
+                        "per_position_acceptance": nper_pos, "output_tokens": nn, "tokens_per_s": nn / ndt,
+                        "speedup": nn / ndt / report.baseline_tokens_per_s if baseline else None}
     return report
+
+
+if __name__ == "__main__":  # _run_stock's child: python -m vllm_dflash.eval.vllm_engine JOB.json OUT.json
+    _job = json.loads(Path(sys.argv[1]).read_text())
+    Path(sys.argv[2]).write_text(json.dumps(_run(_job["llm_kwargs"], _job["prompts"], _job["max_new_tokens"],
+                                                 _job["concurrency"])))

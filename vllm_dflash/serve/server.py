@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from vllm_dflash.serve.tau import parse_metrics
 from vllm_dflash.utils import default_dtype
@@ -25,6 +25,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# our entry point's name in vLLM's plugin groups (setup.py: vllm.general_plugins); VLLM_PLUGINS filters by this name
+PLUGIN_NAME = "vllm_dflash"
+
+
+def stock_env(installed: Iterable[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment that keeps vllm_dflash out of every process of a vLLM server or engine: stock vLLM as installed.
+
+    vLLM loads only the plugins VLLM_PLUGINS names (vllm/plugins/__init__.py: a comma list; unset loads all, and an
+    empty value names no plugin, so it loads none). The value lists every other installed vLLM plugin (any entry
+    point in a `vllm.*` group), so plugins besides ours still load; a VLLM_PLUGINS already in the environment is kept,
+    less ours. `installed`: the plugin names (default: the installed entry points)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("VLLM_PLUGINS") is not None:
+        names = [n for n in environ["VLLM_PLUGINS"].split(",") if n]
+    elif installed is None:
+        from importlib.metadata import distributions
+
+        names = sorted({ep.name for d in distributions() for ep in d.entry_points if ep.group.startswith("vllm.")})
+    else:
+        names = sorted(set(installed))
+    return {"VLLM_PLUGINS": ",".join(n for n in names if n != PLUGIN_NAME)}
 
 
 def vllm_executable() -> list[str]:
@@ -59,27 +82,49 @@ class Server:
         return cmd + list(self.extra_args)
 
     def start(self, timeout: float = 300.0) -> "Server":
+        """Launch the server and wait until /health answers (`launch` then `wait_ready`)."""
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> "Server":
+        """Start `vllm serve` in its own process group and return at once (`ready()` / `wait_ready()` follow)."""
         self.port = self.port or free_port()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **self.env}
         env = {k: v for k, v in env.items() if v is not None}
         self._log = open(self.log_path, "w") if self.log_path else None
         self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log or subprocess.DEVNULL,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def ready(self) -> bool:
+        """Whether the launched server answers /health; raises RuntimeError (server stopped) if it exited."""
+        if self.proc.poll() is not None:
+            self.stop()  # closes the log file
+            raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} during start-up"
+                               + (f"; log: {self.log_path}" if self.log_path else ""))
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 300.0) -> "Server":
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()  # closes the log file
-                raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} during start-up"
-                                   + (f"; log: {self.log_path}" if self.log_path else ""))
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
+            if self.ready():
+                return self
             time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"vllm serve not healthy after {timeout:.0f}s")
+
+    def pause(self) -> None:
+        """SIGSTOP every process of the server (it uses no CPU until `resume`), e.g. while another one is measured."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server's process group, wait for every process in it, SIGKILL what remains."""
@@ -96,6 +141,7 @@ class Server:
         pgid = self.proc.pid
         try:
             os.killpg(pgid, signal.SIGTERM)
+            os.killpg(pgid, signal.SIGCONT)  # a paused server acts on the SIGTERM only once it runs again
         except ProcessLookupError:
             return
         deadline = time.time() + timeout
@@ -144,3 +190,46 @@ class Server:
                 raise
             time.sleep(0.5)
         raise RuntimeError(f"vllm serve refused to reset its prefix cache {attempts} times (blocks still held)")
+
+
+# What a `vllm serve` log shows as it starts, in the order it happens (vLLM 0.32 log lines; the first phase is before
+# any of them): the last phase whose line is in the log is where the start-up is.
+START_PHASES = (
+    ("starting processes", ()),
+    ("starting the engine", ("Initializing a V1 LLM engine",)),
+    ("loading weights", ("Starting to load model",)),
+    ("compiling (torch.compile)", ("Warming up model for the compilation", "Dynamo bytecode transform")),
+    ("warming up", ("saved AOT compiled function", "Directly load AOT compilation", "torch.compile took",
+                    "Initial profiling/warmup run")),
+    ("starting the API server", ("Warming up done", "init engine (profile, create kv cache, warmup model)")),
+    ("ready", ("Application startup complete",)),
+)
+
+
+class StartWatcher:
+    """Follows a starting server's log file: `poll()` -> the current start-up phase (START_PHASES), reading only what
+    was appended since the last call. `cached`: whether vLLM loaded the compiled graph from its compile cache."""
+
+    def __init__(self, log_path: str | Path):
+        self.path = Path(log_path)
+        self.phase = 0
+        self.cached = False
+        self._offset = 0
+        self._tail = ""  # an unfinished last line, completed by the next read
+
+    def poll(self) -> str:
+        try:
+            with open(self.path, errors="replace") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:
+            chunk = ""
+        text, _, self._tail = (self._tail + chunk).rpartition("\n")
+        for line in text.splitlines():
+            self.cached |= "Directly load AOT compilation" in line
+            for i in range(len(START_PHASES) - 1, self.phase, -1):
+                if any(m in line for m in START_PHASES[i][1]):
+                    self.phase = i
+                    break
+        return START_PHASES[self.phase][0]
