@@ -34,16 +34,22 @@ def output_problems(o: dict[str, Any]) -> list[str]:
     probs = []
     if o["finish_reason"] not in ("stop", "length"):
         probs.append(f"finish_reason {o['finish_reason']!r}")
+    want = o.get("n", 1)  # n > 1: usage counts every choice's tokens
+    if want > 1 and o.get("choices") != want:
+        probs.append(f"{o.get('choices')} choices for n={want}")
     n, mx = o["completion_tokens"], o["max_tokens"]
     if n is None:
         probs.append("no usage.completion_tokens")
-    elif mx is not None and n > mx:
-        probs.append(f"{n} tokens > max_tokens {mx}")
-    elif o["finish_reason"] == "length" and mx is not None and n != mx:
+    elif mx is not None and n > want * mx:
+        probs.append(f"{n} tokens > max_tokens {mx}" + (f" x n={want}" if want > 1 else ""))
+    elif want == 1 and o["finish_reason"] == "length" and mx is not None and n != mx:
         probs.append(f"finish_reason length with {n} tokens != max_tokens {mx}")
+    elif want == 1 and o.get("min_tokens") and n < o["min_tokens"]:
+        probs.append(f"{n} tokens < min_tokens {o['min_tokens']}")
     for s in o["stop"]:
-        if s in o["text"]:
-            probs.append(f"stop string {s!r} in the output")
+        for t in [o["text"]] + list(o.get("other_texts") or []):
+            if s in t:
+                probs.append(f"stop string {s!r} in the output")
     return probs
 
 
@@ -80,8 +86,10 @@ def summarize_round(outcomes: list[dict[str, Any]], alone: dict[str, str], secon
                       "by_case": dict(Counter(f"{o['case']}:{o['http_code']}" for o in malformed))},
         "valid_4xx": [_brief(o) for o in outcomes if o["status"] == "http_4xx" and o["kind"] != "malformed"],
         "unexpected": [_brief(o) for o in unexpected],
+        "n2_completed": sum(o.get("n", 1) > 1 for o in ok),
         "invalid_outputs": invalid,
-        "greedy": {"compared": len(greedy), "identical": len(greedy) - len(mismatches), "mismatches": mismatches},
+        "greedy": {"compared": len(greedy), "identical": len(greedy) - len(mismatches), "mismatches": mismatches,
+                   "cases": sorted({o["case"] for o in greedy})},
         "seconds": round(seconds, 1),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / seconds, 2) if seconds > 0 else None,
@@ -112,6 +120,30 @@ def account(outcomes: list[dict[str, Any]], log: dict[str, set[str]], prefix: st
         "added_unaccounted": sorted(added - completed - aborted),
         "malformed_reaching_engine": sorted(t for t in added if status.get(t) == "http_4xx"),
     }
+
+
+# a client outcome that is a clean failure while the server restarts: an HTTP 5xx, an error event in the stream, or a
+# connection error (refused, reset, closed before or during the response); a client timeout is a hang
+RESTART_CLEAN = {"ok", "http_5xx", "stream_error"}
+_CONNECTION_ERRORS = ("ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "CloseError",
+                      "stream ended without [DONE]")
+
+
+def summarize_restart(load: list[dict[str, Any]], again: list[dict[str, Any]], alone: dict[str, str], stop_s: float,
+                      start_s: float, load_s: float, old_log: str, old_log_tracebacks: int) -> dict[str, Any]:
+    """The restart phase: what the clients of the interrupted load saw, and the greedy cases again afterwards."""
+    def clean(o: dict[str, Any]) -> bool:
+        return o["status"] in RESTART_CLEAN or (o["status"] == "error" and o["error"].startswith(_CONNECTION_ERRORS))
+
+    hung = [_brief(o) for o in load if o["status"] in ("cut", "timed_out") or "client timeout" in o["error"]]
+    kinds = Counter(o["status"] if o["status"] != "error" else "error:" + o["error"].split(":")[0].split(" <-")[0]
+                    for o in load)
+    diffs = [o["case"] for o in again if o["status"] != "ok" or o["text"] != alone.get(o["case"])]
+    return {"sent": len(load), "outcomes": dict(kinds), "unclean": [_brief(o) for o in load if not clean(o)],
+            "hung": hung, "max_latency_s": round(max((o["latency_s"] for o in load), default=0.0), 1),
+            "load_seconds": round(load_s, 1), "stop_s": round(stop_s, 1), "start_s": round(start_s, 1),
+            "greedy_again": len(again), "greedy_again_differs": diffs, "old_log": old_log,
+            "old_log_tracebacks": old_log_tracebacks}
 
 
 def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -151,6 +183,33 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
                          + (f", {near} at numerical near-ties of the target (top-2 logprob margins "
                             f"{', '.join(f'{m:.3f}' for m in margins)} nats)" if near else "")
                          + (f", {cmp_ - same - near} REAL differences" if cmp_ - same - near else "")))
+    feats = res.get("meta", {}).get("features")
+    if feats is not None:
+        seen = {o_case for r in rounds for o_case in r["greedy"].get("cases", [])}
+        checks.append(_check("features_exercised", bool(feats) and set(feats) <= seen,
+                             f"greedy cases with request features compared under load: {sorted(set(feats) & seen)}"
+                             + (f"; never completed: {sorted(set(feats) - seen)}" if set(feats) - seen else "")))
+    too_long = [(k, n) for r in rounds for k, n in r["malformed"]["by_case"].items()
+                if k.startswith("too_long_prompt:")]
+    codes: Counter = Counter()
+    for k, n in too_long:
+        codes[k.rsplit(":", 1)[1]] += n
+    checks.append(_check("over_long_prompt_400", bool(too_long) and set(codes) == {"400"},
+                         f"prompts longer than the context, HTTP status: count {dict(codes)}"))
+    rs = res.get("restart")
+    if rs is not None or res.get("meta", {}).get("restart"):
+        rs = rs or {}
+        checks.append(_check("restart_clean", bool(rs) and not rs.get("unclean") and not rs.get("hung")
+                             and not rs.get("greedy_again_differs") and rs.get("greedy_again", 0) > 0,
+                             f"server stopped under load and started again ({rs.get('stop_s')} s / {rs.get('start_s')} "
+                             f"s): {rs.get('sent')} requests, outcomes {rs.get('outcomes')}, {len(rs.get('hung', []))} "
+                             f"hung, {len(rs.get('unclean', []))} unclean, max latency {rs.get('max_latency_s')} s; "
+                             f"greedy again after the restart: {rs.get('greedy_again', 0)} cases, differing "
+                             f"{rs.get('greedy_again_differs')}"))
+    if res.get("meta", {}).get("preempt"):
+        pre = sum(r.get("metrics", {}).get("preemptions", 0) or 0 for r in rounds)
+        checks.append(_check("preemptions_forced", pre > 0, f"{pre} preemptions (vllm:num_preemptions) with a KV "
+                                                            f"cache of {res['meta'].get('kv_blocks')} blocks"))
     lost = []
     for r in rounds:
         s = r.get("server_log", {})
@@ -256,6 +315,21 @@ def _retried(rounds: list[dict[str, Any]]) -> int:
     return sum(len(r.get("retried", [])) for r in rounds)
 
 
+def _by_kind(rounds: list[dict[str, Any]]) -> str:
+    tot: dict[str, Counter] = {}
+    for r in rounds:
+        for kind, c in r.get("by_kind", {}).items():
+            tot.setdefault(kind, Counter()).update(c)
+    return "; ".join(f"{k}: " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())) for k, c in sorted(tot.items()))
+
+
+def _restart_row(rs: dict[str, Any] | None) -> str:
+    if not rs:
+        return "not run"
+    return (f"{', '.join(f'{k} {n}' for k, n in sorted(rs['outcomes'].items()))} / {len(rs['hung'])} / "
+            f"{len(rs['greedy_again_differs'])} of {rs['greedy_again']} (down {rs['stop_s']} s + up {rs['start_s']} s)")
+
+
 def _rows(res: dict[str, Any]) -> dict[str, str]:
     meta, rounds, mem = res["meta"], res.get("rounds", []), res.get("memory", {})
     mal = sum(r["malformed"]["sent"] for r in rounds)
@@ -301,7 +375,13 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "latency p50 / p90 of completed requests": " ; ".join(
             f"{r['latency_s']['p50']} / {r['latency_s']['p90']} s" for r in rounds if r.get("latency_s")),
         "τ under load (rounds)": " / ".join(str(t) for t in tau),
-        "preemptions (rounds)": " / ".join(str(r["metrics"].get("preemptions")) for r in rounds),
+        "preemptions (rounds)": " / ".join(str(r["metrics"].get("preemptions")) for r in rounds)
+                                + (f" (KV cache {meta.get('kv_blocks')} blocks)" if meta.get("kv_blocks") else ""),
+        "request features mixed in (greedy cases)": ", ".join(f.removeprefix("f-") for f in meta.get("features", []))
+                                                    or "none",
+        "n=2 sampled requests completed": str(sum(r.get("n2_completed", 0) for r in rounds)),
+        "failures by kind (round outcomes, all rounds)": _by_kind(rounds),
+        "restart under load: outcomes / hung / greedy again differing": _restart_row(res.get("restart")),
         "server start / whole run": f"{meta.get('server_start_s')} s / {meta.get('wall_s')} s "
                                     f"(bound {meta['duration_limit_s']:.0f} s)",
         "checks passed": f"{sum(c['ok'] for c in res['checks'])}/{len(res['checks'])}",
