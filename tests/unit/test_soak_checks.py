@@ -140,6 +140,9 @@ def test_n2_and_min_tokens_outputs():
     assert soak_report.output_problems({**ok, "stop": ["y"]}) != []  # a stop string in the second choice
     short = _outcome("t", finish_reason="stop", completion_tokens=2, min_tokens=6)
     assert any("min_tokens" in p for p in soak_report.output_problems(short))
+    # vLLM checks stop strings only after min_tokens: a stop string before that is no problem
+    early = _outcome("t", finish_reason="stop", completion_tokens=7, min_tokens=6, stop=["\n"], text="a\nb")
+    assert soak_report.output_problems(early) == []
 
 
 def test_features_are_mixed_into_the_plan():
@@ -159,6 +162,8 @@ def test_features_are_mixed_into_the_plan():
     assert [c.body["model"] for c in lora if c.case == "f-lora"] == ["soak-lora"]
     sampled = [r.body for r in build_round(prompts, [], QUICK, 1, "x") if r.kind == "sampled"]
     assert sum(b.get("n") == 2 for b in sampled) >= 1
+    pressure = [r for r in build_round(prompts, [], QUICK, 1, "x", pressure=5) if r.case == "pressure"]
+    assert len(pressure) == 5 and all(r.body["ignore_eos"] and r.kind == "sampled" for r in pressure)
     assert any("repetition_penalty" in b or "presence_penalty" in b for b in sampled)
 
 

@@ -270,7 +270,7 @@ def run_features_check(target: Path, draft: Path, dtype: str = "float32", max_mo
                    env={**env, "VLLM_PLUGINS": stock_env}, **common)
     ours = Server(str(target), speculative_config={"method": "dflash", "model": str(draft)},
                   log_path=str(log_dir / "features-dflash-serve.log"), env=env, **common)
-    res: dict[str, Any] = {"meta": {"target": str(target), "draft": str(draft), "dtype": dtype,
+    res: dict[str, Any] = {"meta": {"mode": "features", "target": str(target), "draft": str(draft), "dtype": dtype,
                                     "max_model_len": max_model_len, "cpu": cpu_kind(), "stock_vllm_plugins": stock_env,
                                     "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                     "logs": [stock.log_path, ours.log_path]}}

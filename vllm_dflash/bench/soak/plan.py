@@ -48,6 +48,8 @@ FEATURES: dict[str, tuple[str | None, dict[str, Any]]] = {
     "min_tokens": (None, {"min_tokens": 6, "stop": ["\n"]}),
 }
 
+PRESSURE_TOKENS = 96  # --preempt: output tokens of each pressure request (build_round)
+
 MALFORMED = ["too_long_prompt", "negative_max_tokens", "huge_max_tokens", "bad_temperature", "bad_top_p",
              "unknown_model", "broken_json"]
 
@@ -218,8 +220,11 @@ def _malformed(name: str, endpoint: str, long_text: str, p: dict[str, Any]) -> R
     return Req("malformed", endpoint, False, base, raw=raw, case=name, source=p["source"])
 
 
-def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, seed: int, long_text: str) -> list[Req]:
-    """One round's requests, shuffled with the seed (the same seed gives the same round)."""
+def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, seed: int, long_text: str,
+                pressure: int = 0) -> list[Req]:
+    """One round's requests, shuffled with the seed (the same seed gives the same round). pressure: that many more
+    sampled requests that ignore EOS and run PRESSURE_TOKENS long (--preempt: together they outgrow the small KV
+    cache, so running requests must be preempted)."""
     rng = random.Random(seed)
     reqs: list[Req] = [c for c in cases for _ in range(sizes.greedy_repeats)]
     for i in range(sizes.sampled):
@@ -244,6 +249,10 @@ def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, s
             params.update({"logprobs": 2} if "prompt" in p else {"logprobs": True, "top_logprobs": 2})
         endpoint, body = _body(p, rng.randint(lo, hi), stream, **params)
         reqs.append(Req("sampled", endpoint, stream, body, source=p["source"], stop=stop))
+    for _ in range(pressure):
+        p = rng.choice(prompts)
+        endpoint, body = _body(p, PRESSURE_TOKENS, rng.random() < 0.5, temperature=0.7, ignore_eos=True)
+        reqs.append(Req("sampled", endpoint, body["stream"], body, case="pressure", source=p["source"]))
     for _ in range(sizes.disconnects):
         p = rng.choice(prompts)
         # ignore_eos: the request cannot finish before the client leaves (an early EOS raced the disconnect: the

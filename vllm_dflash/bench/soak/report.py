@@ -46,7 +46,8 @@ def output_problems(o: dict[str, Any]) -> list[str]:
         probs.append(f"finish_reason length with {n} tokens != max_tokens {mx}")
     elif want == 1 and o.get("min_tokens") and n < o["min_tokens"]:
         probs.append(f"{n} tokens < min_tokens {o['min_tokens']}")
-    for s in o["stop"]:
+    # vLLM checks stop strings only once min_tokens are out: before that they may appear
+    for s in o["stop"] if not o.get("min_tokens") else []:
         for t in [o["text"]] + list(o.get("other_texts") or []):
             if s in t:
                 probs.append(f"stop string {s!r} in the output")
@@ -267,11 +268,17 @@ METHOD = """\
 `benchmarks/soak.py` starts a real `vllm serve` on loopback (SmolLM2-135M-Instruct target, our DFlash drafter,
 `--enforce-eager`, `OMP_NUM_THREADS=1`, 1 GiB KV cache, `--enable-log-requests`) and drives it with a seeded mix of
 real prompts (HumanEval as chat and as raw completion, held-out web-text chats): greedy and sampled (temperature,
-top-p, top-k, seeds), streaming and not, completions and chat, short and long `max_tokens`, stop strings; clients
+top-p, top-k, seeds, n=2), streaming and not, completions and chat, short and long `max_tokens`, stop strings; one
+greedy case per request feature (logprobs with top_logprobs, prompt_logprobs, presence / frequency penalties,
+repetition_penalty, a json_schema response format, a regex, min_tokens; a LoRA adapter with `--lora`), and sampled
+requests with penalties or logprobs; clients
 that disconnect mid-stream; requests abandoned by a client timeout; malformed requests (prompt longer than the
 context, `max_tokens` negative or above the context, negative temperature, top-p above 1, unknown model, broken JSON
 body). The greedy cases (one of them fills the context exactly: prompt + max_tokens = max_model_len) first run
-alone, one at a time; then identical rounds of the mix (2 in quick mode, 3 in full mode) run with many concurrent clients, and every
+alone, one at a time; then the server is stopped (SIGTERM) while a burst of
+requests is in flight and started again on the same port: every client must get an answer or a clean error (a 5xx,
+an error event, a refused or reset connection), none may hang, and the greedy cases run again, equal to their alone
+outputs; then identical rounds of the mix (2 in quick mode, 3 in full mode) run with many concurrent clients, and every
 greedy output under load is compared with its alone output. A round takes new requests for 60 % of its time budget
 and cancels what is still in flight at the end of it ("cut": the client closes the connection, the server must
 abort). After each round a 1-token probe refreshes vLLM's gauges (they only move on engine steps) and the server
@@ -288,7 +295,10 @@ folder, a draft for another target, block size 6) must make `vllm serve` exit no
 problem. vLLM 0.32 has no server-side per-request timeout (only shutdown, keep-alive and engine-step timeouts), so
 the timed-out requests are client timeouts; the server aborts them when the connection closes, which the log
 accounting checks (vLLM's `vllm:request_success_total{finished_reason="abort"}` does not count client aborts, so
-/metrics alone cannot). The quick mode runs the bad configurations as children forked from one process that imported
+/metrics alone cannot). The `--preempt` mode serves with a KV cache of only one
+max_model_len request plus 4 blocks of 32 tokens, so the rounds force preemptions (vllm:num_preemptions must be above
+0), and the greedy outputs must still equal their alone outputs. The quick mode runs the bad configurations as
+children forked from one process that imported
 vLLM's CLI once (each child runs the `vllm` console script's entry point with the case's command line, so exit code
 and message are the CLI's); the full mode starts one `vllm serve` process per case."""
 
@@ -327,7 +337,8 @@ def _restart_row(rs: dict[str, Any] | None) -> str:
     if not rs:
         return "not run"
     return (f"{', '.join(f'{k} {n}' for k, n in sorted(rs['outcomes'].items()))} / {len(rs['hung'])} / "
-            f"{len(rs['greedy_again_differs'])} of {rs['greedy_again']} (down {rs['stop_s']} s + up {rs['start_s']} s)")
+            f"{len(rs['greedy_again_differs'])} of {rs['greedy_again']} (stop {rs['stop_s']} s"
+            + (", SIGKILL needed" if rs.get("sigkill_needed") else "") + f", start {rs['start_s']} s)")
 
 
 def _rows(res: dict[str, Any]) -> dict[str, str]:
@@ -380,7 +391,7 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "request features mixed in (greedy cases)": ", ".join(f.removeprefix("f-") for f in meta.get("features", []))
                                                     or "none",
         "n=2 sampled requests completed": str(sum(r.get("n2_completed", 0) for r in rounds)),
-        "failures by kind (round outcomes, all rounds)": _by_kind(rounds),
+        "outcomes by request kind (all rounds)": _by_kind(rounds),
         "restart under load: outcomes / hung / greedy again differing": _restart_row(res.get("restart")),
         "server start / whole run": f"{meta.get('server_start_s')} s / {meta.get('wall_s')} s "
                                     f"(bound {meta['duration_limit_s']:.0f} s)",
@@ -389,7 +400,12 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
 
 
 def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str = "", notes_path: str = "") -> str:
-    """docs/RELIABILITY.md from soak JSON results (one column per run), plus human-written `notes` (markdown)."""
+    """docs/RELIABILITY.md from soak JSON results (one column per run) and served feature checks (features.py, a
+    section each), plus human-written `notes` (markdown)."""
+    from vllm_dflash.bench.soak.features import render_features
+
+    checks = [r for r in results if r.get("meta", {}).get("mode") == "features"]
+    results = [r for r in results if r.get("meta", {}).get("mode") != "features"]
     names = [f"{r['meta']['mode']}, {r['meta'].get('rounds', 2)} rounds"
              + "".join(f", {e}" for e in r["meta"].get("server_env", [])) + f" ({r['meta']['started'][:16]})"
              for r in results]
@@ -415,6 +431,9 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
         out += [f"## Checks: {name}", "", "| check | result | detail |", "|---|---|---|"]
         out += [f"| {c['name']} | {'ok' if c['ok'] else '**FAIL**'} | {c['detail']} |" for c in res["checks"]]
         out.append("")
+    for fc in checks:
+        out += ["## Served feature check: stock vLLM vs DFlash (`vllm-dflash soak --features-check`)", "",
+                render_features(fc), ""]
     res = results[0]
     out += ["## Malformed requests (" + names[0] + ", both rounds)", "", "| request | HTTP status: count |",
             "|---|---|"]

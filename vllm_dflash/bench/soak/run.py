@@ -60,9 +60,10 @@ LOG_DEFAULT = "bench-results/soak-{mode}-serve.log"
 SETTLE_TIMEOUT_S = 60.0
 MIN_ROUND_S = 90.0  # a round's budget even when the start-up ate the time bound (the bound check then fails)
 TAKE_SHARE = 0.6  # share of a round's budget during which new requests are taken
-KV_BLOCK_SIZE = 16  # --preempt: the block size the small KV cache is counted in
-PREEMPT_SPARE_BLOCKS = 8  # --preempt: blocks beyond one max_model_len request (its draft look-ahead included)
+KV_BLOCK_SIZE = 32  # --preempt: the small KV cache's block size (vLLM's CPU attention: a multiple of 32)
+PREEMPT_SPARE_BLOCKS = 4  # --preempt: blocks beyond one max_model_len request (its draft look-ahead included)
 RESTART_AFTER_S = 4.0  # the restart: seconds of load before the server is stopped
+RESTART_STOP_TIMEOUT_S = 30.0  # the restart: SIGTERM, then SIGKILL for what is left of the group after this long
 
 
 def log(msg: str) -> None:
@@ -166,7 +167,7 @@ def restart_phase(srv, sampler: RssSampler, a: argparse.Namespace, load: list[Re
     drive_thread.start()
     time.sleep(RESTART_AFTER_S)
     t0 = time.perf_counter()
-    srv.stop()
+    srv.stop(timeout=RESTART_STOP_TIMEOUT_S)
     stop_s = time.perf_counter() - t0
     before = Path(str(a.log) + ".before-restart")
     Path(a.log).replace(before)
@@ -180,8 +181,12 @@ def restart_phase(srv, sampler: RssSampler, a: argparse.Namespace, load: list[Re
     again, _ = run_drive(srv.url, cases, "soak-restarted", 1, a.request_timeout, None, "restart: greedy again")
     text = before.read_text(errors="replace")
     log(f"restart: server up again in {start_s:.1f} s (pid {srv.proc.pid})")
-    return soak_report.summarize_restart(outs, again, alone, stop_s, start_s, secs, str(before),
-                                         sum("Traceback (most recent" in ln for ln in text.splitlines()))
+    out = soak_report.summarize_restart(outs, again, alone, stop_s, start_s, secs, str(before),
+                                        sum("Traceback (most recent" in ln for ln in text.splitlines()))
+    # vLLM 0.32's SIGTERM: the engine is stopped at once (mode abort), then uvicorn waits for open connections, which
+    # requests in flight keep open: the group then exits only on Server.stop's SIGKILL (reported, docs/RELIABILITY.md)
+    out["sigkill_needed"] = stop_s >= RESTART_STOP_TIMEOUT_S - 0.5
+    return out
 
 
 def watchdog(srv, bound_s: float, t0: float, stop: threading.Event) -> None:
@@ -214,7 +219,8 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
         lora_dir = make_lora(target, Path(tempfile.mkdtemp(prefix="soak-lora-")))
     cases = greedy_cases(prompts, sizes, rng, near_limit_case(target / "tokenizer.json", long_text, a.max_model_len))
     cases += feature_cases(prompts, sizes, rng, LORA_NAME if lora_dir else None)
-    round_reqs = build_round(prompts, cases, sizes, a.seed + 1, long_text)
+    round_reqs = build_round(prompts, cases, sizes, a.seed + 1, long_text,
+                             pressure=a.concurrency if a.preempt else 0)
     first = cases[1]  # an ordinary greedy case: the final check and the idle probe
     probe_body = {k: v for k, v in first.body.items() if k not in ("stream_options", "stop")}
     probe = Req("greedy", first.endpoint, False, {**probe_body, "max_tokens": 1, "stream": False})
