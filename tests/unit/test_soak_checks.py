@@ -141,7 +141,8 @@ def test_n2_and_min_tokens_outputs():
     short = _outcome("t", finish_reason="stop", completion_tokens=2, min_tokens=6)
     assert any("min_tokens" in p for p in soak_report.output_problems(short))
     # vLLM checks stop strings only after min_tokens: a stop string before that is no problem
-    early = _outcome("t", finish_reason="stop", completion_tokens=7, min_tokens=6, stop=["\n"], text="a\nb")
+    early = _outcome("t", finish_reason="stop", completion_tokens=7, max_tokens=8, min_tokens=6, stop=["\n"],
+                     text="a\nb")
     assert soak_report.output_problems(early) == []
 
 
