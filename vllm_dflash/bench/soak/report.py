@@ -407,6 +407,7 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
     checks = [r for r in results if r.get("meta", {}).get("mode") == "features"]
     results = [r for r in results if r.get("meta", {}).get("mode") != "features"]
     names = [f"{r['meta']['mode']}, {r['meta'].get('rounds', 2)} rounds"
+             + (", preempt" if r["meta"].get("preempt") else "") + (f", {r['meta']['dtype']}" if r["meta"].get("dtype") else "")
              + "".join(f", {e}" for e in r["meta"].get("server_env", [])) + f" ({r['meta']['started'][:16]})"
              for r in results]
     rows = [_rows(r) for r in results]
@@ -421,7 +422,8 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
     for key in rows[0]:
         out.append(f"| {key} | " + " | ".join(r.get(key, "") for r in rows) + " |")
     out += ["", "Machine: " + "; ".join(
-        f"{r['meta']['mode']}: {r['meta']['machine']['cpus']} CPUs, {r['meta']['machine']['platform']}, load average "
+        f"{r['meta']['mode']}: {r['meta'].get('cpu') or str(r['meta']['machine']['cpus']) + ' CPUs'}, "
+        f"{r['meta']['machine']['platform']}, load average "
         f"(1 min) {r['meta'].get('loadavg_start', 0):.1f} at the start and "
         f"{r['meta'].get('loadavg_end', 0):.1f} at the end" for r in results)
         + ". Throughput and latency here come from a machine shared with other jobs and from an untrained draft when "
