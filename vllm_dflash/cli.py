@@ -331,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_arguments(s)
     s.set_defaults(fn=cmd_bench)
 
+    parser("soak", "the soak test and the served feature check: `vllm-dflash soak [--quick] [--preempt] "
+           "[--features-check] ...` (its own flags: `vllm-dflash soak --help`; docs/RELIABILITY.md)")
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["soak"]:  # the soak's own command line (vllm_dflash/bench/soak/run.py)
+        from vllm_dflash.bench.soak.run import main as soak_main
+
+        return soak_main(args[1:])
     a = p.parse_args(argv)
     try:
         return a.fn(a)

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak test (vllm_dflash/bench/soak/, run as benchmarks/soak.py) end to end: the quick mode against a real
-`vllm serve` with our drafter passes its checks (marked vllm, ~5 min on 2 cores). That the checks catch what they
-are meant to catch is tested without vLLM in tests/unit/test_soak_checks.py."""
+`vllm serve` with our drafter, with a KV cache small enough to force preemptions (--preempt), the request features
+mixed in and a server restart under load, passes its checks (marked vllm, ~6 min on 2 cores). That the checks catch
+what they are meant to catch is tested without vLLM in tests/unit/test_soak_checks.py."""
 import json
 import subprocess
 import sys
@@ -14,13 +15,16 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.mark.vllm
 def test_soak_quick(tmp_path):
-    """benchmarks/soak.py --quick against the default target and draft, float32: every check but the time bound must pass
-    (the time bound depends on what else the machine runs; a runaway is still caught below)."""
+    """benchmarks/soak.py --quick --preempt against the default target and draft, float32: every check but the time
+    bound must pass (the time bound depends on what else the machine runs; a runaway is still caught below), among
+    them preemptions > 0, the restart (clean errors, no hang, greedy equal afterwards), the over-long prompt's 400 and
+    every request feature compared greedy under load."""
     out = tmp_path / "soak.json"
     # --duration 600: the quick mode's own bound is 300 s, but on a loaded CI machine its watchdog must not stop the
     # server mid-round (that fails every other check); the bound is reported, runaways are still caught below
     # float32 (the soak's default, named here): greedy under load must equal alone token for token on every CPU kind
-    proc = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--quick", "--duration", "600", "--out", str(out),
+    proc = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--quick", "--preempt", "--duration", "600",
+                           "--out", str(out),
                            "--dtype", "float32",
                            "--log", str(tmp_path / "serve.log")], capture_output=True, text=True, timeout=1100)
     assert out.exists(), f"no JSON (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-3000:]}"
@@ -36,4 +40,7 @@ def test_soak_quick(tmp_path):
     assert all(r["rejected_4xx"] == r["malformed"]["sent"] > 0 for r in rounds)
     assert sum(r["greedy"]["compared"] for r in rounds) >= 2 * res["meta"]["sizes"]["greedy_cases"]
     assert all(r["after"]["kv_cache_usage"] == 0 and r["after"]["running"] == 0 for r in rounds)
+    names = {c["name"] for c in res["checks"]}
+    assert {"preemptions_forced", "restart_clean", "over_long_prompt_400", "features_exercised"} <= names
+    assert sum(r["metrics"]["preemptions"] for r in rounds) > 0
     assert len(res["startup_suite"]) == 4 and all(c["ok"] and c["exit_code"] != 0 for c in res["startup_suite"])

@@ -21,16 +21,25 @@ def _good_result():
     outs = [_outcome("soak-r1-00000"), _outcome("soak-r1-00001", kind="malformed", status="http_4xx", http_code=400,
                                                   case="bad_top_p"),
             _outcome("soak-r1-00002", kind="timeout", status="timed_out"),
-            _outcome("soak-r1-00003", kind="disconnect", status="disconnected")]
-    alone = {"g00": "x = 1"}
-    log = {"added": {"soak-r1-00000", "soak-r1-00002", "soak-r1-00003"}, "aborted": {"soak-r1-00002", "soak-r1-00003"}}
+            _outcome("soak-r1-00003", kind="disconnect", status="disconnected"),
+            _outcome("soak-r1-00004", kind="malformed", status="http_4xx", http_code=400, case="too_long_prompt"),
+            _outcome("soak-r1-00005", case="f-logprobs")]
+    alone = {"g00": "x = 1", "f-logprobs": "x = 1"}
+    log = {"added": {"soak-r1-00000", "soak-r1-00002", "soak-r1-00003", "soak-r1-00005"},
+           "aborted": {"soak-r1-00002", "soak-r1-00003"}}
     rounds = []
     for i in (1, 2):
         r = soak_report.summarize_round(outs, alone, 10.0)
         r.update(index=i, after={"kv_cache_usage": 0.0, "running": 0.0, "waiting": 0.0, "rss_bytes": 100},
                  server_log=soak_report.account(outs, log, "soak-r1"), metrics={"tau": 1.0})
         rounds.append(r)
-    return {"meta": {"duration_limit_s": 300, "wall_s": 200}, "alone": {"all_ok": True}, "rounds": rounds,
+    restart = soak_report.summarize_restart(
+        [_outcome("soak-restart-00000"), _outcome("soak-restart-00001", status="error", http_code=None,
+                                                  error="ConnectError: All connection attempts failed")],
+        [_outcome("soak-restarted-00000")], alone, 3.0, 40.0, 45.0, "old.log", 0)
+    return {"meta": {"duration_limit_s": 300, "wall_s": 200, "restart": True, "features": ["f-logprobs"],
+                     "preempt": False},
+            "restart": restart, "alone": {"all_ok": True}, "rounds": rounds,
             "memory": {"growth_round2": 0.001}, "final": {"identical": True},
             "metrics_consistency": {"ours": 5.0, "vllm": 5.0},
             "startup_suite": [{"name": "missing_draft", "ok": True}],
@@ -62,6 +71,13 @@ def test_checks_pass_on_a_clean_result():
     ("server_log_clean", lambda r: r["server_log_errors"]["other"].append("ERROR boom")),
     ("server_stopped", lambda r: r["server_stop"].update(group_gone=False)),
     ("within_time_bound", lambda r: r["meta"].update(wall_s=301)),
+    ("over_long_prompt_400", lambda r: r["rounds"][0]["malformed"]["by_case"].update({"too_long_prompt:413": 1})),
+    ("preemptions_forced", lambda r: r["meta"].update(preempt=True, kv_blocks=136)),
+    ("restart_clean", lambda r: r["restart"]["hung"].append({"tag": "soak-restart-00003"})),
+    ("restart_clean", lambda r: r["restart"]["unclean"].append({"tag": "soak-restart-00004"})),
+    ("restart_clean", lambda r: r["restart"]["greedy_again_differs"].append("g01")),
+    ("restart_clean", lambda r: r.pop("restart")),  # asked for (meta restart) but never ran
+    ("features_exercised", lambda r: r["meta"].update(features=["f-logprobs", "f-regex"])),
 ])
 def test_each_check_can_fail(name, doctor):
     res = copy.deepcopy(_good_result())
@@ -90,6 +106,66 @@ def test_greedy_divergence_passes_only_as_a_near_tie():
     unexplained = copy.deepcopy(_good_result())
     unexplained["rounds"][0]["greedy"].update(compared=1, identical=0)
     assert "greedy_identical_under_load" in _failed(unexplained)
+
+
+def test_restart_outcomes_are_clean_or_hung():
+    """While the server restarts, an answer, a 5xx, an error event or a connection error is clean; a client timeout
+    (the request hung) and a cut request are not."""
+    outs = [_outcome("a"), _outcome("b", status="http_5xx", http_code=500),
+            _outcome("c", status="error", http_code=None, error="ReadError <- ConnectionResetError: reset"),
+            _outcome("d", status="stream_error"),
+            _outcome("e", status="error", http_code=None, error="client timeout after 150.0s (ReadTimeout)"),
+            _outcome("f", status="cut")]
+    rs = soak_report.summarize_restart(outs, [_outcome("g", text="other")], {"g00": "x = 1"}, 1.0, 2.0, 3.0, "l", 0)
+    assert [h["tag"] for h in rs["hung"]] == ["e", "f"]
+    assert [u["tag"] for u in rs["unclean"]] == ["e", "f"]
+    assert rs["greedy_again_differs"] == ["g00"]
+    assert rs["outcomes"]["error:ReadError"] == 1
+
+
+def test_preemptions_counted_when_forced():
+    res = copy.deepcopy(_good_result())
+    res["meta"].update(preempt=True, kv_blocks=136)
+    res["rounds"][1]["metrics"]["preemptions"] = 3
+    checks = {c["name"]: c for c in soak_report.evaluate(res)}
+    assert checks["preemptions_forced"]["ok"] and "3 preemptions" in checks["preemptions_forced"]["detail"]
+
+
+def test_n2_and_min_tokens_outputs():
+    """n=2: usage counts both choices (up to 2 x max_tokens) and both must be there; min_tokens must hold."""
+    ok = _outcome("t", n=2, choices=2, completion_tokens=8, max_tokens=4, other_texts=["y"])
+    assert soak_report.output_problems(ok) == []
+    assert soak_report.output_problems({**ok, "choices": 1}) != []
+    assert soak_report.output_problems({**ok, "completion_tokens": 9}) != []
+    assert soak_report.output_problems({**ok, "stop": ["y"]}) != []  # a stop string in the second choice
+    short = _outcome("t", finish_reason="stop", completion_tokens=2, min_tokens=6)
+    assert any("min_tokens" in p for p in soak_report.output_problems(short))
+    # vLLM checks stop strings only after min_tokens: a stop string before that is no problem
+    early = _outcome("t", finish_reason="stop", completion_tokens=7, max_tokens=8, min_tokens=6, stop=["\n"],
+                     text="a\nb")
+    assert soak_report.output_problems(early) == []
+
+
+def test_features_are_mixed_into_the_plan():
+    """Every request feature of plan.FEATURES is a greedy case (temperature 0), the LoRA case only when a LoRA
+    adapter is served, and a round carries n=2, penalised and logprob sampled requests."""
+    import random
+
+    from vllm_dflash.bench.soak.plan import FEATURES, QUICK, build_round, feature_cases, load_prompts
+
+    prompts = load_prompts(QUICK.max_prompt_chars)
+    cases = feature_cases(prompts, QUICK, random.Random(0))
+    assert {c.case for c in cases} == {f"f-{n}" for n in FEATURES}
+    assert all(c.kind == "greedy" and c.body["temperature"] == 0.0 for c in cases)
+    for c in cases:
+        assert all(c.body[k] == v for k, v in FEATURES[c.case[2:]][1].items()), c.case
+    lora = feature_cases(prompts, QUICK, random.Random(0), lora="soak-lora")
+    assert [c.body["model"] for c in lora if c.case == "f-lora"] == ["soak-lora"]
+    sampled = [r.body for r in build_round(prompts, [], QUICK, 1, "x") if r.kind == "sampled"]
+    assert sum(b.get("n") == 2 for b in sampled) >= 1
+    pressure = [r for r in build_round(prompts, [], QUICK, 1, "x", pressure=5) if r.case == "pressure"]
+    assert len(pressure) == 5 and all(r.body["ignore_eos"] and r.kind == "sampled" for r in pressure)
+    assert any("repetition_penalty" in b or "presence_penalty" in b for b in sampled)
 
 
 def test_output_problems():

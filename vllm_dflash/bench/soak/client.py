@@ -42,6 +42,10 @@ class Outcome:
     completion_tokens: int | None = None
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
+    n: int = 1  # choices asked for; `text` is choice 0's, `other_texts` the rest (index order)
+    choices: int = 0  # distinct choice indices in the response
+    other_texts: list[str] = field(default_factory=list)
+    min_tokens: int | None = None
     chunks: int = 0
     latency_s: float = 0.0
     error: str = ""
@@ -92,7 +96,7 @@ async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], 
             out.status = "http_4xx" if 400 <= r.status_code < 500 else "http_5xx"
             out.error = r.text[:300]
             return
-        parts: list[str] = []
+        parts: dict[int, list[str]] = {}
         finished = False
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
@@ -107,14 +111,16 @@ async def _stream(client: httpx.AsyncClient, req: Req, headers: dict[str, str], 
                 return
             out.chunks += 1
             for ch in ev.get("choices") or []:
-                parts.append(_content(ch, req.endpoint, True))
-                out.finish_reason = ch.get("finish_reason") or out.finish_reason
+                parts.setdefault(ch.get("index", 0), []).append(_content(ch, req.endpoint, True))
+                if ch.get("index", 0) == 0 or ch.get("finish_reason"):
+                    out.finish_reason = ch.get("finish_reason") or out.finish_reason
             if ev.get("usage"):
                 out.completion_tokens = ev["usage"].get("completion_tokens")
             if req.kind == "disconnect" and out.chunks >= req.disconnect_after:
-                out.status, out.text = "disconnected", "".join(parts)
+                out.status, out.text = "disconnected", "".join(parts.get(0, []))
                 return  # leaving the context closes the connection mid-stream
-        out.text = "".join(parts)
+        texts = ["".join(parts[i]) for i in sorted(parts)]
+        out.text, out.other_texts, out.choices = (texts[0] if texts else ""), texts[1:], len(parts)
         out.status, out.error = ("ok", "") if finished else ("error", "stream ended without [DONE]")
 
 
@@ -135,8 +141,10 @@ _NO_RESPONSE = ("ConnectError", "ReadError", "WriteError", "RemoteProtocolError"
 
 
 async def _send_once(client: httpx.AsyncClient, req: Req, tag: str, request_timeout: float) -> Outcome:
+    body = req.body or {}
     out = Outcome(tag=tag, kind=req.kind, case=req.case, endpoint=req.endpoint, stream=req.stream, status="error",
-                  max_tokens=(req.body or {}).get("max_tokens"), stop=list(req.stop))
+                  max_tokens=body.get("max_tokens"), stop=list(req.stop), n=body.get("n") or 1,
+                  min_tokens=body.get("min_tokens"))
     headers = {"X-Request-Id": tag}
     timeout = req.client_timeout or request_timeout
     t0, trace = time.perf_counter(), _Trace()
@@ -153,8 +161,11 @@ async def _send_once(client: httpx.AsyncClient, req: Req, tag: str, request_time
             out.http_code = r.status_code
             if r.status_code == 200:
                 js = r.json()
-                ch = js["choices"][0]
+                chs = sorted(js["choices"], key=lambda c: c.get("index", 0))
+                ch = chs[0]
                 out.text, out.finish_reason = _content(ch, req.endpoint, False), ch.get("finish_reason")
+                out.other_texts = [_content(c, req.endpoint, False) for c in chs[1:]]
+                out.choices = len({c.get("index", 0) for c in chs})
                 out.completion_tokens = (js.get("usage") or {}).get("completion_tokens")
                 out.status = "ok"
             else:

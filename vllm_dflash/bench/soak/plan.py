@@ -2,13 +2,19 @@
 """The soak test's request mix: real prompts, seeded, as plain request descriptions (no HTTP here).
 
 Kinds of requests (each a `Req`):
-  greedy      temperature 0; its output is also produced alone (sequentially) and must be identical under load
-  sampled     temperature / top_p / top_k / seed drawn from the seed; checked for validity only
+  greedy      temperature 0; its output is also produced alone (sequentially) and must be identical under load.
+              Besides the plain cases, one greedy case per request feature (FEATURES: logprobs with top_logprobs,
+              prompt_logprobs, presence / frequency penalties, repetition_penalty, json_schema and regex structured
+              output, min_tokens, and a LoRA adapter when the server has one)
+  sampled     temperature / top_p / top_k / seed drawn from the seed, some with n=2, penalties or logprobs;
+              checked for validity only
   disconnect  streaming; the client closes the connection after a few chunks (the server must abort it)
   timeout     non-streaming with a long max_tokens and a short client timeout (vLLM 0.32 has no server-side
               per-request timeout; the client gives up, the server must abort the request)
   malformed   must be rejected with a 4xx: prompt longer than the context, max_tokens <= 0 or above the context,
               temperature < 0, top_p outside (0, 1], unknown model name, broken JSON body
+
+Malformed requests must get a 4xx; the over-long prompt exactly 400 (report.py checks it).
 
 One greedy case sits at the context limit: HumanEval text as token ids, prompt + max_tokens == max_model_len, so
 its last steps draft at the end of the context (blocks reaching past it) while other requests run.
@@ -26,6 +32,23 @@ from typing import Any
 
 STOP_SETS = [["\n\n"], ["```"], ["def ", "class "], ["return"], ["."], ["\n"]]
 RETRY_SUFFIX = "-retry1"  # the tag of a request sent once more after its connection failed (client.send)
+
+JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+               "required": ["name", "age"]}
+# the request features mixed into the load as greedy cases: name -> (endpoint it needs or None, extra body fields)
+FEATURES: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "logprobs": ("chat", {"logprobs": True, "top_logprobs": 3}),
+    "logprobs_completions": ("completions", {"logprobs": 3}),
+    "prompt_logprobs": ("completions", {"prompt_logprobs": 2}),
+    "penalties": (None, {"presence_penalty": 0.8, "frequency_penalty": 0.6}),
+    "repetition_penalty": (None, {"repetition_penalty": 1.3}),
+    "json_schema": ("chat", {"response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "person", "schema": JSON_SCHEMA}}}),
+    "regex": ("completions", {"structured_outputs": {"regex": "[0-9]{2,4}-[a-z]+( [a-z]+)*"}}),
+    "min_tokens": (None, {"min_tokens": 6, "stop": ["\n"]}),
+}
+
+PRESSURE_TOKENS = 96  # --preempt: output tokens of each pressure request (build_round)
 
 MALFORMED = ["too_long_prompt", "negative_max_tokens", "huge_max_tokens", "bad_temperature", "bad_top_p",
              "unknown_model", "broken_json"]
@@ -148,6 +171,29 @@ def greedy_cases(prompts: list[dict[str, Any]], sizes: Sizes, rng: random.Random
     return cases
 
 
+def feature_cases(prompts: list[dict[str, Any]], sizes: Sizes, rng: random.Random,
+                  lora: str | None = None) -> list[Req]:
+    """One greedy case per request feature (FEATURES; plus the LoRA adapter `lora` if given), streaming every
+    other one; compared with their alone outputs like every greedy case."""
+    out = []
+    feats = list(FEATURES.items()) + ([("lora", (None, {"model": lora}))] if lora else [])
+    for i, (name, (endpoint, extra)) in enumerate(feats):
+        want = endpoint or ("chat" if i % 2 else "completions")
+        pool = [p for p in prompts if ("prompt" in p) == (want == "completions")] or prompts
+        p = rng.choice(pool)
+        stream = i % 2 == 1 and name != "prompt_logprobs"  # prompt_logprobs: in the first chunk only
+        if "prompt" not in p and want == "completions":
+            p = {**p, "prompt": p["messages"][0]["content"]}
+        if "messages" not in p and want == "chat":
+            p = {**p, "messages": [{"role": "user", "content": p["prompt"]}]}
+            p.pop("prompt")
+        extra = dict(extra)
+        stop = extra.get("stop", [])
+        endpoint_, body = _body(p, rng.randint(*sizes.long_tokens), stream, temperature=0.0, **extra)
+        out.append(Req("greedy", endpoint_, stream, body, case=f"f-{name}", source=p["source"], stop=stop))
+    return out
+
+
 def _malformed(name: str, endpoint: str, long_text: str, p: dict[str, Any]) -> Req:
     base = {"model": "target", "max_tokens": 8}
     base.update({"prompt": p.get("prompt") or p["messages"][0]["content"]} if endpoint == "completions"
@@ -174,11 +220,14 @@ def _malformed(name: str, endpoint: str, long_text: str, p: dict[str, Any]) -> R
     return Req("malformed", endpoint, False, base, raw=raw, case=name, source=p["source"])
 
 
-def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, seed: int, long_text: str) -> list[Req]:
-    """One round's requests, shuffled with the seed (the same seed gives the same round)."""
+def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, seed: int, long_text: str,
+                pressure: int = 0) -> list[Req]:
+    """One round's requests, shuffled with the seed (the same seed gives the same round). pressure: that many more
+    sampled requests that ignore EOS and run PRESSURE_TOKENS long (--preempt: together they outgrow the small KV
+    cache, so running requests must be preempted)."""
     rng = random.Random(seed)
     reqs: list[Req] = [c for c in cases for _ in range(sizes.greedy_repeats)]
-    for _ in range(sizes.sampled):
+    for i in range(sizes.sampled):
         p = rng.choice(prompts)
         stream = rng.random() < 0.5
         lo, hi = sizes.long_tokens if rng.random() < 0.3 else sizes.short_tokens
@@ -191,8 +240,19 @@ def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, s
         stop = STOP_SETS[rng.randrange(len(STOP_SETS))] if rng.random() < 0.3 else []
         if stop:
             params["stop"] = stop
+        if i % 4 == 0:  # n=2 (the first sampled request always)
+            params["n"] = 2
+        if rng.random() < 0.3:
+            params.update(presence_penalty=0.5, frequency_penalty=0.3) if rng.random() < 0.5 else \
+                params.update(repetition_penalty=1.2)
+        if rng.random() < 0.2:
+            params.update({"logprobs": 2} if "prompt" in p else {"logprobs": True, "top_logprobs": 2})
         endpoint, body = _body(p, rng.randint(lo, hi), stream, **params)
         reqs.append(Req("sampled", endpoint, stream, body, source=p["source"], stop=stop))
+    for _ in range(pressure):
+        p = rng.choice(prompts)
+        endpoint, body = _body(p, PRESSURE_TOKENS, rng.random() < 0.5, temperature=0.7, ignore_eos=True)
+        reqs.append(Req("sampled", endpoint, body["stream"], body, case="pressure", source=p["source"]))
     for _ in range(sizes.disconnects):
         p = rng.choice(prompts)
         # ignore_eos: the request cannot finish before the client leaves (an early EOS raced the disconnect: the

@@ -34,16 +34,23 @@ def output_problems(o: dict[str, Any]) -> list[str]:
     probs = []
     if o["finish_reason"] not in ("stop", "length"):
         probs.append(f"finish_reason {o['finish_reason']!r}")
+    want = o.get("n", 1)  # n > 1: usage counts every choice's tokens
+    if want > 1 and o.get("choices") != want:
+        probs.append(f"{o.get('choices')} choices for n={want}")
     n, mx = o["completion_tokens"], o["max_tokens"]
     if n is None:
         probs.append("no usage.completion_tokens")
-    elif mx is not None and n > mx:
-        probs.append(f"{n} tokens > max_tokens {mx}")
-    elif o["finish_reason"] == "length" and mx is not None and n != mx:
+    elif mx is not None and n > want * mx:
+        probs.append(f"{n} tokens > max_tokens {mx}" + (f" x n={want}" if want > 1 else ""))
+    elif want == 1 and o["finish_reason"] == "length" and mx is not None and n != mx:
         probs.append(f"finish_reason length with {n} tokens != max_tokens {mx}")
-    for s in o["stop"]:
-        if s in o["text"]:
-            probs.append(f"stop string {s!r} in the output")
+    elif want == 1 and o.get("min_tokens") and n < o["min_tokens"]:
+        probs.append(f"{n} tokens < min_tokens {o['min_tokens']}")
+    # vLLM checks stop strings only once min_tokens are out: before that they may appear
+    for s in o["stop"] if not o.get("min_tokens") else []:
+        for t in [o["text"]] + list(o.get("other_texts") or []):
+            if s in t:
+                probs.append(f"stop string {s!r} in the output")
     return probs
 
 
@@ -80,8 +87,10 @@ def summarize_round(outcomes: list[dict[str, Any]], alone: dict[str, str], secon
                       "by_case": dict(Counter(f"{o['case']}:{o['http_code']}" for o in malformed))},
         "valid_4xx": [_brief(o) for o in outcomes if o["status"] == "http_4xx" and o["kind"] != "malformed"],
         "unexpected": [_brief(o) for o in unexpected],
+        "n2_completed": sum(o.get("n", 1) > 1 for o in ok),
         "invalid_outputs": invalid,
-        "greedy": {"compared": len(greedy), "identical": len(greedy) - len(mismatches), "mismatches": mismatches},
+        "greedy": {"compared": len(greedy), "identical": len(greedy) - len(mismatches), "mismatches": mismatches,
+                   "cases": sorted({o["case"] for o in greedy})},
         "seconds": round(seconds, 1),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / seconds, 2) if seconds > 0 else None,
@@ -112,6 +121,30 @@ def account(outcomes: list[dict[str, Any]], log: dict[str, set[str]], prefix: st
         "added_unaccounted": sorted(added - completed - aborted),
         "malformed_reaching_engine": sorted(t for t in added if status.get(t) == "http_4xx"),
     }
+
+
+# a client outcome that is a clean failure while the server restarts: an HTTP 5xx, an error event in the stream, or a
+# connection error (refused, reset, closed before or during the response); a client timeout is a hang
+RESTART_CLEAN = {"ok", "http_5xx", "stream_error"}
+_CONNECTION_ERRORS = ("ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "CloseError",
+                      "stream ended without [DONE]")
+
+
+def summarize_restart(load: list[dict[str, Any]], again: list[dict[str, Any]], alone: dict[str, str], stop_s: float,
+                      start_s: float, load_s: float, old_log: str, old_log_tracebacks: int) -> dict[str, Any]:
+    """The restart phase: what the clients of the interrupted load saw, and the greedy cases again afterwards."""
+    def clean(o: dict[str, Any]) -> bool:
+        return o["status"] in RESTART_CLEAN or (o["status"] == "error" and o["error"].startswith(_CONNECTION_ERRORS))
+
+    hung = [_brief(o) for o in load if o["status"] in ("cut", "timed_out") or "client timeout" in o["error"]]
+    kinds = Counter(o["status"] if o["status"] != "error" else "error:" + o["error"].split(":")[0].split(" <-")[0]
+                    for o in load)
+    diffs = [o["case"] for o in again if o["status"] != "ok" or o["text"] != alone.get(o["case"])]
+    return {"sent": len(load), "outcomes": dict(kinds), "unclean": [_brief(o) for o in load if not clean(o)],
+            "hung": hung, "max_latency_s": round(max((o["latency_s"] for o in load), default=0.0), 1),
+            "load_seconds": round(load_s, 1), "stop_s": round(stop_s, 1), "start_s": round(start_s, 1),
+            "greedy_again": len(again), "greedy_again_differs": diffs, "old_log": old_log,
+            "old_log_tracebacks": old_log_tracebacks}
 
 
 def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -151,6 +184,33 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
                          + (f", {near} at numerical near-ties of the target (top-2 logprob margins "
                             f"{', '.join(f'{m:.3f}' for m in margins)} nats)" if near else "")
                          + (f", {cmp_ - same - near} REAL differences" if cmp_ - same - near else "")))
+    feats = res.get("meta", {}).get("features")
+    if feats is not None:
+        seen = {o_case for r in rounds for o_case in r["greedy"].get("cases", [])}
+        checks.append(_check("features_exercised", bool(feats) and set(feats) <= seen,
+                             f"greedy cases with request features compared under load: {sorted(set(feats) & seen)}"
+                             + (f"; never completed: {sorted(set(feats) - seen)}" if set(feats) - seen else "")))
+    too_long = [(k, n) for r in rounds for k, n in r["malformed"]["by_case"].items()
+                if k.startswith("too_long_prompt:")]
+    codes: Counter = Counter()
+    for k, n in too_long:
+        codes[k.rsplit(":", 1)[1]] += n
+    checks.append(_check("over_long_prompt_400", bool(too_long) and set(codes) == {"400"},
+                         f"prompts longer than the context, HTTP status: count {dict(codes)}"))
+    rs = res.get("restart")
+    if rs is not None or res.get("meta", {}).get("restart"):
+        rs = rs or {}
+        checks.append(_check("restart_clean", bool(rs) and not rs.get("unclean") and not rs.get("hung")
+                             and not rs.get("greedy_again_differs") and rs.get("greedy_again", 0) > 0,
+                             f"server stopped under load and started again ({rs.get('stop_s')} s / {rs.get('start_s')} "
+                             f"s): {rs.get('sent')} requests, outcomes {rs.get('outcomes')}, {len(rs.get('hung', []))} "
+                             f"hung, {len(rs.get('unclean', []))} unclean, max latency {rs.get('max_latency_s')} s; "
+                             f"greedy again after the restart: {rs.get('greedy_again', 0)} cases, differing "
+                             f"{rs.get('greedy_again_differs')}"))
+    if res.get("meta", {}).get("preempt"):
+        pre = sum(r.get("metrics", {}).get("preemptions", 0) or 0 for r in rounds)
+        checks.append(_check("preemptions_forced", pre > 0, f"{pre} preemptions (vllm:num_preemptions) with a KV "
+                                                            f"cache of {res['meta'].get('kv_blocks')} blocks"))
     lost = []
     for r in rounds:
         s = r.get("server_log", {})
@@ -208,11 +268,17 @@ METHOD = """\
 `benchmarks/soak.py` starts a real `vllm serve` on loopback (SmolLM2-135M-Instruct target, our DFlash drafter,
 `--enforce-eager`, `OMP_NUM_THREADS=1`, 1 GiB KV cache, `--enable-log-requests`) and drives it with a seeded mix of
 real prompts (HumanEval as chat and as raw completion, held-out web-text chats): greedy and sampled (temperature,
-top-p, top-k, seeds), streaming and not, completions and chat, short and long `max_tokens`, stop strings; clients
+top-p, top-k, seeds, n=2), streaming and not, completions and chat, short and long `max_tokens`, stop strings; one
+greedy case per request feature (logprobs with top_logprobs, prompt_logprobs, presence / frequency penalties,
+repetition_penalty, a json_schema response format, a regex, min_tokens; a LoRA adapter with `--lora`), and sampled
+requests with penalties or logprobs; clients
 that disconnect mid-stream; requests abandoned by a client timeout; malformed requests (prompt longer than the
 context, `max_tokens` negative or above the context, negative temperature, top-p above 1, unknown model, broken JSON
 body). The greedy cases (one of them fills the context exactly: prompt + max_tokens = max_model_len) first run
-alone, one at a time; then identical rounds of the mix (2 in quick mode, 3 in full mode) run with many concurrent clients, and every
+alone, one at a time; then the server is stopped (SIGTERM) while a burst of
+requests is in flight and started again on the same port: every client must get an answer or a clean error (a 5xx,
+an error event, a refused or reset connection), none may hang, and the greedy cases run again, equal to their alone
+outputs; then identical rounds of the mix (2 in quick mode, 3 in full mode) run with many concurrent clients, and every
 greedy output under load is compared with its alone output. A round takes new requests for 60 % of its time budget
 and cancels what is still in flight at the end of it ("cut": the client closes the connection, the server must
 abort). After each round a 1-token probe refreshes vLLM's gauges (they only move on engine steps) and the server
@@ -229,7 +295,10 @@ folder, a draft for another target, block size 6) must make `vllm serve` exit no
 problem. vLLM 0.32 has no server-side per-request timeout (only shutdown, keep-alive and engine-step timeouts), so
 the timed-out requests are client timeouts; the server aborts them when the connection closes, which the log
 accounting checks (vLLM's `vllm:request_success_total{finished_reason="abort"}` does not count client aborts, so
-/metrics alone cannot). The quick mode runs the bad configurations as children forked from one process that imported
+/metrics alone cannot). The `--preempt` mode serves with a KV cache of only one
+max_model_len request plus 4 blocks of 32 tokens, so the rounds force preemptions (vllm:num_preemptions must be above
+0), and the greedy outputs must still equal their alone outputs. The quick mode runs the bad configurations as
+children forked from one process that imported
 vLLM's CLI once (each child runs the `vllm` console script's entry point with the case's command line, so exit code
 and message are the CLI's); the full mode starts one `vllm serve` process per case."""
 
@@ -254,6 +323,22 @@ def _sum(res: dict[str, Any], key: str) -> int:
 def _retried(rounds: list[dict[str, Any]]) -> int:
     """Requests sent again after a connection failure before any response, over the rounds."""
     return sum(len(r.get("retried", [])) for r in rounds)
+
+
+def _by_kind(rounds: list[dict[str, Any]]) -> str:
+    tot: dict[str, Counter] = {}
+    for r in rounds:
+        for kind, c in r.get("by_kind", {}).items():
+            tot.setdefault(kind, Counter()).update(c)
+    return "; ".join(f"{k}: " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())) for k, c in sorted(tot.items()))
+
+
+def _restart_row(rs: dict[str, Any] | None) -> str:
+    if not rs:
+        return "not run"
+    return (f"{', '.join(f'{k} {n}' for k, n in sorted(rs['outcomes'].items()))} / {len(rs['hung'])} / "
+            f"{len(rs['greedy_again_differs'])} of {rs['greedy_again']} (stop {rs['stop_s']} s"
+            + (", SIGKILL needed" if rs.get("sigkill_needed") else "") + f", start {rs['start_s']} s)")
 
 
 def _rows(res: dict[str, Any]) -> dict[str, str]:
@@ -301,7 +386,13 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "latency p50 / p90 of completed requests": " ; ".join(
             f"{r['latency_s']['p50']} / {r['latency_s']['p90']} s" for r in rounds if r.get("latency_s")),
         "τ under load (rounds)": " / ".join(str(t) for t in tau),
-        "preemptions (rounds)": " / ".join(str(r["metrics"].get("preemptions")) for r in rounds),
+        "preemptions (rounds)": " / ".join(str(r["metrics"].get("preemptions")) for r in rounds)
+                                + (f" (KV cache {meta.get('kv_blocks')} blocks)" if meta.get("kv_blocks") else ""),
+        "request features mixed in (greedy cases)": ", ".join(f.removeprefix("f-") for f in meta.get("features", []))
+                                                    or "none",
+        "n=2 sampled requests completed": str(sum(r.get("n2_completed", 0) for r in rounds)),
+        "outcomes by request kind (all rounds)": _by_kind(rounds),
+        "restart under load: outcomes / hung / greedy again differing": _restart_row(res.get("restart")),
         "server start / whole run": f"{meta.get('server_start_s')} s / {meta.get('wall_s')} s "
                                     f"(bound {meta['duration_limit_s']:.0f} s)",
         "checks passed": f"{sum(c['ok'] for c in res['checks'])}/{len(res['checks'])}",
@@ -309,8 +400,14 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
 
 
 def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str = "", notes_path: str = "") -> str:
-    """docs/RELIABILITY.md from soak JSON results (one column per run), plus human-written `notes` (markdown)."""
+    """docs/RELIABILITY.md from soak JSON results (one column per run) and served feature checks (features.py, a
+    section each), plus human-written `notes` (markdown)."""
+    from vllm_dflash.bench.soak.features import render_features
+
+    checks = [r for r in results if r.get("meta", {}).get("mode") == "features"]
+    results = [r for r in results if r.get("meta", {}).get("mode") != "features"]
     names = [f"{r['meta']['mode']}, {r['meta'].get('rounds', 2)} rounds"
+             + (", preempt" if r["meta"].get("preempt") else "") + (f", {r['meta']['dtype']}" if r["meta"].get("dtype") else "")
              + "".join(f", {e}" for e in r["meta"].get("server_env", [])) + f" ({r['meta']['started'][:16]})"
              for r in results]
     rows = [_rows(r) for r in results]
@@ -325,7 +422,8 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
     for key in rows[0]:
         out.append(f"| {key} | " + " | ".join(r.get(key, "") for r in rows) + " |")
     out += ["", "Machine: " + "; ".join(
-        f"{r['meta']['mode']}: {r['meta']['machine']['cpus']} CPUs, {r['meta']['machine']['platform']}, load average "
+        f"{r['meta']['mode']}: {r['meta'].get('cpu') or str(r['meta']['machine']['cpus']) + ' CPUs'}, "
+        f"{r['meta']['machine']['platform']}, load average "
         f"(1 min) {r['meta'].get('loadavg_start', 0):.1f} at the start and "
         f"{r['meta'].get('loadavg_end', 0):.1f} at the end" for r in results)
         + ". Throughput and latency here come from a machine shared with other jobs and from an untrained draft when "
@@ -335,6 +433,9 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
         out += [f"## Checks: {name}", "", "| check | result | detail |", "|---|---|---|"]
         out += [f"| {c['name']} | {'ok' if c['ok'] else '**FAIL**'} | {c['detail']} |" for c in res["checks"]]
         out.append("")
+    for fc in checks:
+        out += ["## Served feature check: stock vLLM vs DFlash (`vllm-dflash soak --features-check`)", "",
+                render_features(fc), ""]
     res = results[0]
     out += ["## Malformed requests (" + names[0] + ", both rounds)", "", "| request | HTTP status: count |",
             "|---|---|"]

@@ -18,10 +18,18 @@ Output: --out / --log, by default under ./bench-results/ (benchmarks/soak.py kee
 benchmarks/results/soak-{quick,full}.json and runs/soak/soak-{quick,full}-serve.log).
 
 Order: the bad-configuration start-up suite (startup.py) runs while the server starts; the
-greedy cases run alone (one at a time); --rounds (2 quick, 3 full) identical seeded rounds of the mix (plan.py) with
+greedy cases (plain and one per request feature, plan.FEATURES) run alone (one at a time); a restart: the server is
+stopped (SIGTERM) while a burst of requests is in flight and started again on the same port (every client must get
+an answer or a clean error, none may hang; the greedy cases run again and must equal their alone outputs; --no-restart
+skips it); --rounds (2 quick, 3 full) identical seeded rounds of the mix (plan.py) with
 `--concurrency` clients; after each round the server must be idle (no running / waiting requests, KV cache at
 0 %), and its process-tree RSS is recorded; a final greedy request must equal its alone output; the server log
 (--enable-log-requests) must account for every request the engine received.
+
+--preempt: a KV cache of only --kv-blocks blocks (default: max_model_len's worth plus PREEMPT_SPARE_BLOCKS), so the
+rounds force preemptions; the run must count some (vllm:num_preemptions). --lora: a tiny LoRA adapter (lora.py) is
+served and one greedy case goes through it. --features-check: instead of the soak, the served feature check against
+stock vLLM (features.py).
 """
 from __future__ import annotations
 
@@ -43,8 +51,8 @@ from typing import Any
 
 from vllm_dflash.bench.soak import report as soak_report
 from vllm_dflash.bench.soak.client import Outcome, RssSampler, drive, rss_by_process
-from vllm_dflash.bench.soak.plan import (FULL, QUICK, Req, Sizes, build_round, greedy_cases, load_prompts,
-                                         near_limit_case, too_long_text)
+from vllm_dflash.bench.soak.plan import (FULL, QUICK, Req, Sizes, build_round, feature_cases, greedy_cases,
+                                         load_prompts, near_limit_case, too_long_text)
 from vllm_dflash.serve.tau import counter, spec_decode
 
 OUT_DEFAULT = "bench-results/soak-{mode}.json"  # under the current directory; {mode}: quick | full
@@ -52,6 +60,10 @@ LOG_DEFAULT = "bench-results/soak-{mode}-serve.log"
 SETTLE_TIMEOUT_S = 60.0
 MIN_ROUND_S = 90.0  # a round's budget even when the start-up ate the time bound (the bound check then fails)
 TAKE_SHARE = 0.6  # share of a round's budget during which new requests are taken
+KV_BLOCK_SIZE = 32  # --preempt: the small KV cache's block size (vLLM's CPU attention: a multiple of 32)
+PREEMPT_SPARE_BLOCKS = 4  # --preempt: blocks beyond one max_model_len request (its draft look-ahead included)
+RESTART_AFTER_S = 4.0  # the restart: seconds of load before the server is stopped
+RESTART_STOP_TIMEOUT_S = 30.0  # the restart: SIGTERM, then SIGKILL for what is left of the group after this long
 
 
 def log(msg: str) -> None:
@@ -145,6 +157,38 @@ def explain_greedy(url: str, tokenizer: Any, cases: dict[str, Req], mismatches: 
     return {**count_kinds(divs), "divergences": divs}
 
 
+def restart_phase(srv, sampler: RssSampler, a: argparse.Namespace, load: list[Req], cases: list[Req],
+                  alone: dict[str, str]) -> dict[str, Any]:
+    """Stop the server (SIGTERM to its process group) while `load` is in flight, start it again on the same port,
+    then run the greedy `cases` again, one at a time. The old server log is kept as <log>.before-restart."""
+    holder: dict[str, Any] = {}
+    drive_thread = threading.Thread(target=lambda: holder.update(r=run_drive(
+        srv.url, load, "soak-restart", a.concurrency, a.request_timeout, None, "restart: load")))
+    drive_thread.start()
+    time.sleep(RESTART_AFTER_S)
+    t0 = time.perf_counter()
+    srv.stop(timeout=RESTART_STOP_TIMEOUT_S)
+    stop_s = time.perf_counter() - t0
+    before = Path(str(a.log) + ".before-restart")
+    Path(a.log).replace(before)
+    log(f"restart: server stopped in {stop_s:.1f} s under load; starting it again")
+    t1 = time.perf_counter()
+    srv.start(timeout=600)
+    start_s = time.perf_counter() - t1
+    sampler.pid = srv.proc.pid
+    drive_thread.join()
+    outs, secs = holder["r"]
+    again, _ = run_drive(srv.url, cases, "soak-restarted", 1, a.request_timeout, None, "restart: greedy again")
+    text = before.read_text(errors="replace")
+    log(f"restart: server up again in {start_s:.1f} s (pid {srv.proc.pid})")
+    out = soak_report.summarize_restart(outs, again, alone, stop_s, start_s, secs, str(before),
+                                        sum("Traceback (most recent" in ln for ln in text.splitlines()))
+    # vLLM 0.32's SIGTERM: the engine is stopped at once (mode abort), then uvicorn waits for open connections, which
+    # requests in flight keep open: the group then exits only on Server.stop's SIGKILL (reported, docs/RELIABILITY.md)
+    out["sigkill_needed"] = stop_s >= RESTART_STOP_TIMEOUT_S - 0.5
+    return out
+
+
 def watchdog(srv, bound_s: float, t0: float, stop: threading.Event) -> None:
     """Stops the server (and so the run) if the whole soak overruns its bound by more than a grace period."""
     if not stop.wait(max(0.0, t0 + bound_s - time.time())):
@@ -166,8 +210,17 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(a.seed)
     prompts = load_prompts(sizes.max_prompt_chars)
     long_text = too_long_text(6 * a.max_model_len)
+    lora_dir = None
+    if a.lora:
+        import tempfile
+
+        from vllm_dflash.bench.soak.lora import LORA_NAME, make_lora
+
+        lora_dir = make_lora(target, Path(tempfile.mkdtemp(prefix="soak-lora-")))
     cases = greedy_cases(prompts, sizes, rng, near_limit_case(target / "tokenizer.json", long_text, a.max_model_len))
-    round_reqs = build_round(prompts, cases, sizes, a.seed + 1, long_text)
+    cases += feature_cases(prompts, sizes, rng, LORA_NAME if lora_dir else None)
+    round_reqs = build_round(prompts, cases, sizes, a.seed + 1, long_text,
+                             pressure=a.concurrency if a.preempt else 0)
     first = cases[1]  # an ordinary greedy case: the final check and the idle probe
     probe_body = {k: v for k, v in first.body.items() if k not in ("stream_options", "stop")}
     probe = Req("greedy", first.endpoint, False, {**probe_body, "max_tokens": 1, "stream": False})
@@ -177,6 +230,8 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
         "duration_limit_s": a.duration, "startup_mode": a.startup_mode, "max_model_len": a.max_model_len,
         "target": str(target), "draft": str(draft), "draft_untrained": untrained,
         "num_speculative_tokens": block - 1, "sizes": asdict(sizes), "server_env": a.server_env,
+        "preempt": a.preempt, "kv_blocks": a.kv_blocks, "restart": a.restart, "lora": a.lora,
+        "features": sorted(c.case for c in cases if c.case.startswith("f-")),
         "dtype": a.dtype, "near_tie_nats": near_tie_nats(a.dtype), "cpu": cpu_kind(),
         "prompts_available": len(prompts), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                        "python": platform.python_version()},
@@ -196,7 +251,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     by_case = {c.case: c for c in cases}
     srv = Server(str(target), speculative_config=spec, max_model_len=a.max_model_len, log_path=str(a.log), dtype=a.dtype,
-                 extra_args=["--enable-log-requests"],
+                 extra_args=["--enable-log-requests"] + server_args(a, lora_dir),
                  env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **dict(kv.split("=", 1) for kv in a.server_env)})
     log("starting vllm serve ...")
     ts = time.perf_counter()
@@ -217,6 +272,10 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
             suite_thread.join()
             res["startup_suite"] = suite_out.get("r", [])
             log(f"start-up suite: {sum(c['ok'] for c in res['startup_suite'])}/{len(res['startup_suite'])} ok")
+        if a.restart:
+            load = [r for r in round_reqs if r.kind in ("greedy", "sampled")][:2 * a.concurrency]
+            res["restart"] = restart_phase(srv, sampler, a, load, cases, res["alone"]["outputs"])
+            res["memory"].update(start_bytes=sampler.sample(), start_by_process=rss_by_process(srv.proc.pid))
         # each round: new requests for TAKE_SHARE of its budget, then in-flight ones drain until the budget ends
         round_budget = max(MIN_ROUND_S, (t0 + a.duration - (45.0 if a.quick else 90.0) - time.time()) / a.rounds)
         res["meta"]["round_budget_s"] = round(round_budget, 1)
@@ -295,6 +354,34 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def server_args(a: argparse.Namespace, lora_dir: Path | None) -> list[str]:
+    """vllm serve flags of the soak's options: the small KV cache (--preempt) and the LoRA adapter (--lora)."""
+    out = []
+    if a.kv_blocks:
+        out += ["--block-size", str(KV_BLOCK_SIZE), "--num-gpu-blocks-override", str(a.kv_blocks)]
+    if lora_dir is not None:
+        from vllm_dflash.bench.soak.lora import LORA_NAME
+
+        out += ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"{LORA_NAME}={lora_dir}"]
+    return out
+
+
+def features_main(a: argparse.Namespace) -> int:
+    """--features-check: the served feature check against stock vLLM (features.py); JSON to --out."""
+    from vllm_dflash.bench.soak.features import render_features, run_features_check
+
+    if a.target:
+        target, draft = Path(a.target), Path(a.draft)
+    else:
+        target, draft, _ = resolve_models()
+    res = run_features_check(target, draft, a.dtype, a.max_model_len, Path(a.log).parent)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(render_features(res))
+    print(f"features check: {'PASSED' if res['passed'] else 'FAILED'} in {res['meta']['wall_s']} s; JSON: {a.out}")
+    return 0 if res["passed"] else 1
+
+
 def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_default: str = LOG_DEFAULT) -> int:
     """The soak's command line. out_default / log_default: where the JSON and the server log go unless --out / --log
     say otherwise ({mode} is quick or full; relative paths are under the current directory)."""
@@ -321,6 +408,19 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment variable for the server (repeatable), e.g. MALLOC_MMAP_THRESHOLD_=1048576")
     p.add_argument("--keep-outcomes", action="store_true", help="store every request's outcome in the JSON")
+    p.add_argument("--preempt", action="store_true",
+                   help="a KV cache small enough to force preemptions (--kv-blocks); the run must count some")
+    p.add_argument("--kv-blocks", type=int, default=None,
+                   help=f"KV-cache blocks of {KV_BLOCK_SIZE} tokens (default: none, vLLM's size; with --preempt: "
+                        f"max_model_len / {KV_BLOCK_SIZE} + {PREEMPT_SPARE_BLOCKS})")
+    p.add_argument("--no-restart", dest="restart", action="store_false",
+                   help="skip the server restart under load")
+    p.add_argument("--lora", action="store_true",
+                   help="serve a tiny LoRA adapter made on the spot (lora.py) and send one greedy case through it")
+    p.add_argument("--features-check", action="store_true",
+                   help="run the served feature check against stock vLLM instead of the soak (features.py)")
+    p.add_argument("--target", default=None, help="--features-check: target folder (default: the soak's)")
+    p.add_argument("--draft", default=None, help="--features-check with --target: draft folder")
     both = "{quick,full}"
     p.add_argument("--out", default=None, help=f"JSON result (default {out_default.replace('{mode}', both)})")
     p.add_argument("--log", default=None, help=f"server log (default {log_default.replace('{mode}', both)})")
@@ -337,7 +437,15 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
         else:
             print(md)
         return 0
-    mode = "quick" if a.quick else "full"
+    mode = "features" if a.features_check else "quick" if a.quick else "full"
+    if a.features_check:
+        a.out = Path(a.out or out_default.replace("{mode}", mode))
+        a.log = Path(a.log or log_default.replace("{mode}", mode))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        return features_main(a)
+    if a.preempt and not a.kv_blocks:
+        a.kv_blocks = -(-a.max_model_len // KV_BLOCK_SIZE) + PREEMPT_SPARE_BLOCKS
     a.duration = a.duration or (300.0 if a.quick else 1200.0)
     a.concurrency = a.concurrency or (16 if a.quick else 64)
     a.rounds = a.rounds or (2 if a.quick else 3)  # full: 3 rounds fill the 20 min and show RSS settling
