@@ -244,11 +244,13 @@ class DFlashSettings:
     draft_sampling: str = _setting(
         "auto", type="str", allowed='"auto", "greedy", "probabilistic"', shown_default='"auto"',
         parse=_choice("auto", "greedy", "probabilistic"),
-        doc="How a sampled request (temperature > 0) drafts its DFlash tokens: auto / probabilistic = drawn from the "
-            "draft's marginals at the request's temperature, top-k and top-p, that distribution handed to vLLM's "
-            "rejection sampler (accepted with sum min(p, q) instead of p(x); lossless); greedy = the argmax, verified "
-            "as one-hot. Greedy requests always draft the argmax. auto falls back to greedy where q cannot be used "
-            "(diffusion_steps > 1, a rejection_sample_method other than standard); probabilistic makes that an error.",
+        doc="How a sampled request (temperature > 0) drafts its DFlash tokens: auto = the block's first slot drawn "
+            "from the draft's marginal at the request's temperature, top-k and top-p and that q handed to vLLM's "
+            "rejection sampler (accepted with sum min(p, q) instead of p(x); lossless), later slots the argmax (their "
+            "marginals ignore the sampled tokens before them); probabilistic = every slot drawn; greedy = every slot "
+            "the argmax (one-hot q). Greedy requests always draft the argmax. auto falls back to greedy where q "
+            "cannot be used (diffusion_steps > 1, a rejection_sample_method other than standard); probabilistic "
+            "makes that an error.",
         fix="use 'auto', 'greedy' or 'probabilistic'")
     drafter: str = _setting(
         "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=_choice("ours", "vllm"),

@@ -76,6 +76,10 @@ class DFlashDrafter(DFlashProposer):
         # sampled requests draft from the draft's marginals (setting draft_sampling); vLLM's own probabilistic path
         # (draft_sample_method) stays off: q is ours, over the target vocabulary (integration/draft_probs.py)
         self.sample_drafts = self._resolve_draft_sampling(spec)
+        # slots drawn from q: auto the first (its marginal is the distribution the target verifies there; a later
+        # slot's marginal ignores the sampled tokens before it, and drawing those lowered acceptance on the tiny
+        # pair: tests/vllm/test_vllm_sampling.py), probabilistic every slot; the rest take the argmax (one-hot q)
+        self.sampled_slots = 1 if self.settings.draft_sampling == "auto" else self.num_speculative_tokens
         self._enable_probabilistic_draft_probs = False
         self._q_buffer = None  # DraftProbs, built in load_model when sample_drafts
         self._block_q = None  # the last draft forward's q: (flat cells [m] over [B, K], q [m, V_draft], sampled [m])
@@ -423,9 +427,10 @@ class DFlashDrafter(DFlashProposer):
     def _sample_block(self, hidden: torch.Tensor, K: int, sampling_metadata, keep: torch.Tensor | None,
                       layout: list[int]) -> torch.Tensor:
         """The last pass of one-pass drafting when the batch has sampled requests. A greedy request's slots take the
-        argmax (as without sampling: lossless one-hot drafts); a sampled request's slots a draw from the draft's
-        marginals at the request's temperature, top-k and top-p (`draft_distribution`), drawn with the request's
-        own generator where it is seeded. Their q is kept in `_block_q` for the verifier (`_hand_off_probs`).
+        argmax (as without sampling: lossless one-hot drafts); a sampled request's first `sampled_slots` slots a
+        draw from the draft's marginals at the request's temperature, top-k and top-p (`draft_distribution`), drawn
+        with the request's own generator where it is seeded, its later slots the argmax (one-hot q). The q of every
+        position is kept in `_block_q` for the verifier (`_hand_off_probs`).
         hidden: [len(layout) * K, H] request-major; keep: [m] the positions drafted (None: all).
         -> [len(layout), K] target ids (the mask id at positions left out)."""
         from vllm_dflash.sampling import draft_distribution, sample_rows
@@ -448,7 +453,10 @@ class DFlashDrafter(DFlashProposer):
             at = (rows == r).nonzero().squeeze(-1)
             if at.numel():
                 u[at] = torch.empty(at.numel(), dtype=torch.float64, device=dev).uniform_(generator=gen)
-        ids = torch.where(sampled, model._to_target_ids(sample_rows(q, u)), greedy_ids)
+        draw = sampled & (slots < self.sampled_slots)  # [m] slots drawn from q; the others take the argmax
+        argmax = logits.max(dim=-1).indices  # [m] draft ids
+        q = torch.where(draw[:, None], q, torch.zeros_like(q).scatter_(1, argmax[:, None], 1.0))  # one-hot there
+        ids = torch.where(draw, model._to_target_ids(sample_rows(q, u)), greedy_ids)
         drafts = torch.full((n,), self.parallel_drafting_token_id, dtype=torch.int64, device=dev)  # [len * K]
         drafts[pos] = ids.to(torch.int64)
         self._block_q = (rows * K + slots, q, sampled)
