@@ -86,3 +86,39 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     if params.greedy:
         return int(logits.argmax(-1))
     return int(torch.multinomial(target_probs(logits, params), 1, generator=generator))
+
+
+def draft_distribution(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
+                       top_p: torch.Tensor | None = None) -> torch.Tensor:
+    """The draft's sampling distribution q per row, processed like a request's target distribution (temperature,
+    then top-k, then top-p; `target_probs` per row). logits [N, V] (the draft vocabulary), temperature [N] (> 0),
+    top_k [N] (>= V: off) and top_p [N] (1: off), None where no row uses them. -> q [N, V] float32, rows sum to 1.
+
+    Any q is lossless under rejection sampling as long as the draft token was drawn from it and q is what the
+    verifier reads; matching the request's processing makes q close to the target's p, which is what acceptance
+    (sum_x min(p, q)) rewards."""
+    logits = logits.float() / temperature.float()[:, None]
+    if top_k is None and top_p is None:
+        return torch.softmax(logits, dim=-1)
+    V = logits.shape[-1]
+    sorted_logits, idx = logits.sort(dim=-1, descending=True)  # [N, V]
+    if top_k is not None:
+        rank = torch.arange(V, device=logits.device)[None, :]
+        sorted_logits = sorted_logits.masked_fill(rank >= top_k.to(torch.long)[:, None], float("-inf"))
+    sorted_p = torch.softmax(sorted_logits, dim=-1)
+    if top_p is not None:
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p.float()[:, None]  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
+    return torch.zeros_like(sorted_p).scatter_(-1, idx, sorted_p)
+
+
+def sample_rows(q: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of q [N, V] by inverse CDF: uniform [N] in [0, 1) -> ids [N] (int64), each drawn from its
+    row (one uniform per row: cheaper on CPU than Gumbel noise over the vocabulary, and a request's own seeded
+    generator can supply it). Never a zero-probability token."""
+    cdf = q.double().cumsum(-1)  # [N, V]
+    x = uniform.double()[:, None] * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=q.shape[-1] - 1)  # first cdf > x
+    bad = q.gather(-1, idx[:, None]).squeeze(-1) <= 0  # round-off at the top of the CDF only
+    return torch.where(bad, q.argmax(-1), idx)

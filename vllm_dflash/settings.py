@@ -243,6 +243,17 @@ class DFlashSettings:
             "call before the next draft forward (or at 4,096 held rows), instead of every step; the draft sees the "
             "same cache. false = inject every step.",
         fix="use true or false")
+    draft_sampling: str = _setting(
+        "auto", type="str", allowed='"auto", "greedy", "probabilistic"', shown_default='"auto"',
+        parse=_choice("auto", "greedy", "probabilistic"),
+        doc="How a sampled request (temperature > 0) drafts its DFlash tokens: auto = the block's first slot drawn "
+            "from the draft's marginal at the request's temperature, top-k and top-p and that q handed to vLLM's "
+            "rejection sampler (accepted with sum min(p, q) instead of p(x); lossless), later slots the argmax (their "
+            "marginals ignore the sampled tokens before them); probabilistic = every slot drawn; greedy = every slot "
+            "the argmax (one-hot q). Greedy requests always draft the argmax. auto falls back to greedy where q "
+            "cannot be used (diffusion_steps > 1, a rejection_sample_method other than standard); probabilistic "
+            "makes that an error.",
+        fix="use 'auto', 'greedy' or 'probabilistic'")
     drafter: str = _setting(
         "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=_choice("ours", "vllm"),
         doc="Which drafter serves method dflash: ours, or vLLM's built-in one on the same checkpoint (side-by-side "

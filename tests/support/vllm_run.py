@@ -3,8 +3,8 @@
 
 Usage: python tests/support/vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
-overrides, llm_kwargs, expect_error (a substring: the LLM build must fail with it), patch (code run before the
-LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
+overrides (sampling_list: one dict per prompt), llm_kwargs, expect_error (a substring: the LLM build must fail with
+it), patch (code run before the LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
 vLLM's import costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
 import gc
 import json
@@ -39,7 +39,11 @@ def run_one(spec: dict) -> dict:
     sp_args = dict(temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=spec.get("ignore_eos", True))
     sp_args.update(spec.get("sampling", {}))
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in spec["prompts"]]
-    if spec.get("per_prompt_seed") is not None:
+    if spec.get("sampling_list") is not None:  # per prompt: overrides of the sampling (mixed batches)
+        seed = spec.get("per_prompt_seed")
+        sps = [SamplingParams(**{**sp_args, **o}, **({} if seed is None else {"seed": seed + i}))
+               for i, o in enumerate(spec["sampling_list"])]
+    elif spec.get("per_prompt_seed") is not None:
         sps = [SamplingParams(**sp_args, seed=spec["per_prompt_seed"] + i) for i in range(len(prompts))]
     else:
         sps = SamplingParams(**sp_args)

@@ -30,7 +30,7 @@ def test_defaults():
     assert s.to_dict() == {"adaptive": True, "diffusion_steps": None, "confidence_threshold": 0.9,
                            "overlap": "auto", "kv_injection": "auto", "guard_threshold": 1.3, "guard_margin": "noise",
                            "guard_confirm": True, "defer_injection": True,
-                           "drafter": "ours"}
+                           "draft_sampling": "auto", "drafter": "ours"}
     assert s.adaptive_mode == "both" and S.resolve() == s
     assert S.process_setting("log_level") == "INFO" and S.process_setting("profile") is False
     assert S.process_setting("cache") is None and S.process_setting("dtype") is None
@@ -54,6 +54,7 @@ def test_other_values_are_canonical():
                               "DFLASH_OVERLAP": "false"}).to_dict() == \
         {**S.DFlashSettings().to_dict(), "diffusion_steps": 2, "confidence_threshold": 0.5, "overlap": False}
     assert S.DFlashSettings(adaptive="both").adaptive is True  # canonical in the dataclass itself
+    assert S.resolve({"draft_sampling": "Probabilistic"}).draft_sampling == "probabilistic"
 
 
 @pytest.mark.parametrize("key, value, fix", [
@@ -62,7 +63,7 @@ def test_other_values_are_canonical():
     ("confidence_threshold", 2, "(0, 1]"), ("confidence_threshold", "high", "(0, 1]"),
     ("adaptive", "medusa", "'merged'"), ("adaptive", None, "'merged'"), ("overlap", "sometimes", "'auto'"),
     ("kv_injection", "fast", "'reference'"), ("defer_injection", "later", "true or false"),
-    ("drafter", "theirs", "'vllm'")])
+    ("drafter", "theirs", "'vllm'"), ("draft_sampling", "random", "'probabilistic'")])
 def test_bad_values_name_the_field_and_the_fix(key, value, fix):
     with pytest.raises(DFlashConfigError) as e:
         S.resolve({key: value})
@@ -173,7 +174,8 @@ def test_spec_keys_are_popped_and_validated_without_touching_the_environment(mon
     monkeypatch.setenv("DFLASH_DIFFUSION_STEPS", "nonsense")  # the environment is not what is validated here
     assert S.resolve(S.pop_spec_keys({"diffusion_steps": 3}), environ={}).diffusion_steps == 3
     assert set(S.SPEC_KEYS) == {"adaptive", "diffusion_steps", "confidence_threshold", "overlap", "kv_injection",
-                                "guard_threshold", "guard_margin", "guard_confirm", "defer_injection", "drafter"}
+                                "guard_threshold", "guard_margin", "guard_confirm", "defer_injection", "draft_sampling",
+                                "drafter"}
 
 
 def test_overlap_decision_reads_the_config():

@@ -74,6 +74,13 @@ class StepPlan:
         return [(_lookup_slots(s, t, k), k) for s, k, t in zip(self.sources, self.ks, self.lookups)
                 if _needs_block(s, k, t)]
 
+    def overlap_spans(self, k_max: int) -> list[tuple[int, int] | None]:
+        """Per request, the block slots (lo, hi) of its full-length proposal under overlap scheduling
+        (`propose_overlap`): 0..k_max-1 for a DFlash proposal, those after the lookup's tokens for a merged one, None
+        for the others (no DFlash token)."""
+        return [(_lookup_slots(s, t, k_max), k_max) if _needs_block(s, k_max, t) else None
+                for s, t in zip(self.sources, self.lookups)]
+
     @property
     def needs_block(self) -> bool:
         """Does any request verify a DFlash token, i.e. must the draft forward run? (After `adopt`: the deciding
@@ -177,14 +184,17 @@ class AdaptiveController:
 
     # ------------------------------------------------------------------ synchronous scheduling
     def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,
-             extra_tokens: int = 0, forward_s: float | None = None) -> StepPlan:
+             extra_tokens: int = 0, forward_s: float | None = None, sampled: list[bool] | None = None) -> StepPlan:
         """Sources and lengths of this step, before the draft forward.
 
         histories[r]: committed tokens of request r (prompt + output, newest last); query_tokens: tokens the target
         was fed in the step just verified; decode_only: that step had no prefill chunk (its time is a clean cost
         sample); extra_tokens: prefill tokens likely to share the next step; forward_s: that step's target forward
-        time (with `split_cost`; None: unknown, the step is then not a cost sample)."""
+        time (with `split_cost`; None: unknown, the step is then not a cost sample); sampled: per request, whether it
+        samples (temperature > 0): its acceptance is estimated from sampled requests' rates (`AcceptanceModel`)."""
         now = self.clock()
+        if sampled is not None:
+            self.acceptance.mark_sampled(req_ids, sampled)
         accepted = self._score_previous(req_ids, histories)
         produced = len(req_ids) + accepted  # tokens of the step just verified: one per request plus accepted drafts
         dt = None
@@ -340,12 +350,14 @@ class AdaptiveController:
 
     # ------------------------------------------------------------------ overlap scheduling
     def plan_overlap(self, req_ids: list[str], histories: list[np.ndarray | None],
-                     verified: list[tuple[int, int]]) -> StepPlan:
+                     verified: list[tuple[int, int]], sampled: list[bool] | None = None) -> StepPlan:
         """Overlap (async) scheduling: the scheduler decides how many drafts each request verifies
         (integration/async_scheduler.py); here only the source, before the draft forward.
 
         histories[r]: committed tokens of request r (None: incomplete, no prompt lookup); verified[r]: (drafts the
-        step just verified, drafts accepted) for the request's previous proposal."""
+        step just verified, drafts accepted) for the request's previous proposal; sampled: as in `plan`."""
+        if sampled is not None:
+            self.acceptance.mark_sampled(req_ids, sampled)
         self.score_overlap(req_ids, verified)
         lookups = [self._lookup(h) for h in histories]
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=len(lookups))
@@ -484,7 +496,8 @@ class AdaptiveController:
         """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""
         if self._steps % 64 == 0:
             # every request with state here
-            known = set(self.acceptance.req) | set(self._pending) | self._stale | set(self._idle)
+            known = (set(self.acceptance.req) | self.acceptance.sampled | set(self._pending) | self._stale
+                     | set(self._idle))
             self.finished(known - set(req_ids))
 
     def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> int:

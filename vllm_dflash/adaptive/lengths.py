@@ -72,10 +72,13 @@ class LengthPlanner:
             self.guard(bucket).record(tokens_out, dt, arm=arm)
 
     def plan(self, req_ids: list[str], extra_tokens: int = 0,
-             contexts: list[str] | None = None) -> tuple[list[int], tuple]:
-        """Drafts each decoding request verifies next step; contexts[r] in CONTEXTS (default ANY).
+             contexts: list[str] | None = None, sampled: list[bool] | None = None) -> tuple[list[int], tuple]:
+        """Drafts each decoding request verifies next step; contexts[r] in CONTEXTS (default ANY); sampled[r]: the
+        request samples (temperature > 0), so its rates come from sampled requests (`AcceptanceModel`).
         -> (k per request, the decision (bucket, arm, {req_id: context}) to hand back to `observe`)."""
         self._steps += 1
+        if sampled is not None:
+            self.acceptance.mark_sampled(req_ids, sampled)
         contexts = contexts or [ANY] * len(req_ids)
         bucket = batch_bucket(len(req_ids))
         g = self.guard(bucket)
@@ -94,7 +97,7 @@ class LengthPlanner:
     def forget(self, live_req_ids) -> None:
         """Drop the state of requests that are gone (call now and then with the live ids)."""
         live = set(live_req_ids)
-        for rid in [r for r in self.acceptance.req if r not in live]:
+        for rid in [r for r in set(self.acceptance.req) | self.acceptance.sampled if r not in live]:
             self.acceptance.forget(rid)
 
     def _count(self, name: str, n: float = 1.0) -> None:

@@ -58,8 +58,10 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
             else:
                 decode.append(request)
         contexts = [self._context(r) for r in decode] if self._lookup else None
+        # sampled requests (vLLM: greedy below a temperature of 1e-5) are planned from sampled requests' rates
+        sampled = [r.sampling_params is not None and r.sampling_params.temperature >= 1e-5 for r in decode]
         ks, self._next_decision = self.planner.plan([r.request_id for r in decode], extra_tokens=prefill_tokens,
-                                                    contexts=contexts)
+                                                    contexts=contexts, sampled=sampled)
         for request, k in zip(decode, ks):
             request.spec_token_ids = self._placeholder_lists[k]
         # the drafter drafts the whole block whenever anyone verifies (its block is trained at that size);

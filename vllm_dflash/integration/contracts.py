@@ -280,7 +280,20 @@ CONTRACTS: tuple[Contract, ...] = (
         "n-gram proposer's). Overlap (async): `target_token_ids` are the query tokens the target verified (the "
         "accepted ones: the first qlen - rejected), `token_ids_cpu` holds the prompt only (later outputs stay on the "
         "device), hence the mirror `adaptive/history.py`",
-        attrs=("req_ids", "token_ids_cpu", "num_prompt_tokens", "generators", "num_reqs"), test=_ADAPTIVE_TEST),
+        attrs=("req_ids", "token_ids_cpu", "num_prompt_tokens", "generators", "num_reqs", "temperature_cpu"),
+        test=_ADAPTIVE_TEST),
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_spec_decode_draft_probs", "method",
+        "integration/proposer.py, integration/draft_probs.py",
+        "probabilistic drafting: after `propose` the runner reads `drafter.take_last_draft_probs()` ([B, K, V] or "
+        "None) with the batch's `req_ids`; the next step's rejection sampler gets each request's first num_draft rows",
+        "rows are the batch rows at `propose` time (`_draft_prob_req_ids`), sliced `[row, :num_draft]` and copied "
+        "(`torch.cat`) before the next `propose`; V = the target's logits width (`model_config.get_vocab_size()`); "
+        "`None` = one-hot drafts for every request. Greedy rows are verified by argmax whatever q holds; "
+        "`SamplingMetadata.temperature` is 0 for greedy rows, `.top_k` (>= vocab: off) / `.top_p` None when no request uses them",
+        params=("spec_decode_metadata",), source=("self._draft_probs[row_idx, :num_draft]",
+                                                  "torch.cat(draft_probs_rows, dim=0)"),
+        test="tests/vllm/test_vllm_sampling.py"),
     Contract(
         "vllm.v1.attention.backend:CommonAttentionMetadata", "class", "integration/proposer.py, block_rows.py",
         "`propose`'s `common_attn_metadata`: `query_start_loc_cpu`, `num_reqs`, `batch_size()`; `slot_mapping`. "

@@ -77,6 +77,16 @@ class DFlashDrafter(DFlashProposer):
                              "(dflash_config.hint_ngram), which drafts in one pass; diffusion_steps is "
                              f"{self.diffusion_steps}. Fix: set speculative_config.diffusion_steps to 1")
         self.confidence_threshold = self.settings.confidence_threshold
+        # sampled requests draft from the draft's marginals (setting draft_sampling); vLLM's own probabilistic path
+        # (draft_sample_method) stays off: q is ours, over the target vocabulary (integration/draft_probs.py)
+        self.sample_drafts = self._resolve_draft_sampling(spec)
+        # slots drawn from q: auto the first (its marginal is the distribution the target verifies there; a later
+        # slot's marginal ignores the sampled tokens before it, and drawing those lowered acceptance on the tiny
+        # pair: tests/vllm/test_vllm_sampling.py), probabilistic every slot; the rest take the argmax (one-hot q)
+        self.sampled_slots = 1 if self.settings.draft_sampling == "auto" else self.num_speculative_tokens
+        self._enable_probabilistic_draft_probs = False
+        self._q_buffer = None  # DraftProbs, built in load_model when sample_drafts
+        self._block_q = None  # the last draft forward's q: (flat cells [m] over [B, K], q [m, V_draft], sampled [m])
         # only the output rank publishes (merged() sums snapshots: TP = 2 would count every event twice)
         self.metrics = MetricsSink.get() if is_output_rank() else MetricsSink.disabled()
         self._plan_diverged = False  # logged once per process
@@ -148,6 +158,28 @@ class DFlashDrafter(DFlashProposer):
                         "an online step-cost model; lengths planned in the %s)", self.adaptive,
                         self.num_speculative_tokens, "scheduler (overlap)" if self.overlap else "drafter (synchronous)")
 
+    def _resolve_draft_sampling(self, spec) -> bool:
+        """Setting draft_sampling: do sampled requests draft from the draft's marginals (q handed to the verifier)?
+        auto falls back to the argmax (one-hot q, logged) where q cannot be used; probabilistic raises there."""
+        mode = self.settings.draft_sampling
+        if mode == "greedy":
+            return False
+        why = None
+        if self.diffusion_steps > 1:
+            why = (f"diffusion_steps is {self.diffusion_steps} (denoising keeps argmax tokens)",
+                   "set speculative_config.diffusion_steps to 1")
+        elif getattr(spec, "rejection_sample_method", "standard") != "standard":
+            why = (f"rejection_sample_method is {spec.rejection_sample_method!r} (it does not read q)",
+                   "drop speculative_config.rejection_sample_method")
+        if why is None:
+            return True
+        if mode == "probabilistic":
+            raise ValueError("vllm_dflash: draft_sampling 'probabilistic' needs one denoising pass and vLLM's "
+                             f"standard rejection sampler; {why[0]}. Fix: {why[1]}, or set "
+                             "speculative_config.draft_sampling to 'auto' or 'greedy'")
+        logger.info("vllm_dflash: sampled requests draft the argmax (one-hot q): %s", why[0])
+        return False
+
     def _inner(self):
         m = self.model
         return m.unwrap() if hasattr(m, "unwrap") else m
@@ -158,6 +190,12 @@ class DFlashDrafter(DFlashProposer):
         if self._forward_timer is not None:
             self._forward_timer.wrap(target_model)
         from vllm_dflash.integration.vllm_model import DFlashDraftForVllm
+
+        if self.sample_drafts and isinstance(self._inner(), DFlashDraftForVllm):
+            from vllm_dflash.integration.draft_probs import DraftProbs
+
+            self._q_buffer = DraftProbs(self.num_speculative_tokens, self.vllm_config.model_config.get_vocab_size(),
+                                           self._inner().draft_target_ids())
 
         if not isinstance(self._inner(), DFlashDraftForVllm):
             raise RuntimeError("vllm_dflash: the draft model was not built as DFlashDraftForVllm; is the plugin's "
@@ -212,6 +250,7 @@ class DFlashDrafter(DFlashProposer):
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
         K = self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None
+        self._block_q = None
         batch_size = common_attn_metadata.batch_size()
         model = self._inner()
         self.timer.drain(self.metrics)
@@ -272,17 +311,17 @@ class DFlashDrafter(DFlashProposer):
             """select: the batch rows whose drafts are used; with one greedy pass the forward runs over those alone
             (the other rows hold the mask id, never read). spans: batch row -> (lo, hi), the block slots it verifies;
             with one greedy pass the draft-vocabulary argmax runs at those alone (the other slots hold the mask id)."""
-            one_hot = self.diffusion_steps == 1 and (
-                sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs)
-            if not inputs and select is not None and one_hot:
+            one_pass = self.diffusion_steps == 1
+            if not inputs and select is not None and one_pass:
                 prepare(select)
             sel = inputs[0][-1] if inputs else None
             self._block_rows = batch_size if sel is None else len(sel)
             layout = list(range(batch_size)) if sel is None else sel
-            keep = verified_positions(layout, spans, K, sample_idx.device) if spans is not None and one_hot else None
+            keep = verified_positions(layout, spans, K, sample_idx.device) if spans is not None and one_pass else None
             if sel is None:
-                return self._denoise(run_model, sample_idx, K, sampling_metadata, keep)
-            mine = self._denoise(run_model, subset_sample_idx(sample_idx, sel, K + 1, K), K, sampling_metadata, keep)
+                return self._denoise(run_model, sample_idx, K, sampling_metadata, keep, layout)
+            mine = self._denoise(run_model, subset_sample_idx(sample_idx, sel, K + 1, K), K, sampling_metadata, keep,
+                                 layout)
             out = mine.new_full((batch_size, K), self.parallel_drafting_token_id)  # [B, K]
             out[torch.tensor(sel, dtype=torch.long, device=mine.device)] = mine
             return out
@@ -313,6 +352,9 @@ class DFlashDrafter(DFlashProposer):
                                                    num_rejected_tokens_gpu)
             self._write_hints(rows, self._hints(None, hists))
         drafts = draft()
+        if self._block_q is not None:  # fixed block: every slot of every request is a DFlash token
+            cells, q, _ = self._block_q
+            self._last_draft_probs = self._q_buffer.build(batch_size, cells, q)
         self.metrics.flush()
         return drafts
 
@@ -363,10 +405,13 @@ class DFlashDrafter(DFlashProposer):
         if self.controller is not None:
             self.controller.observe_injection(int(slots.shape[0]), dt)
 
-    def _denoise(self, run_model, sample_idx, K, sampling_metadata, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def _denoise(self, run_model, sample_idx, K, sampling_metadata, keep: torch.Tensor | None = None,
+                 layout: list[int] | None = None) -> torch.Tensor:
         """The draft forward: `diffusion_steps` passes of the draft model over [anchor, MASK x K] per request (keep
         the confident prefix, re-mask the rest, run again over the same slots). keep: [n] the positions of
-        sample_idx whose drafts are verified (one greedy pass only; `verified_positions`), None: all.
+        sample_idx whose drafts are verified (one pass only; `verified_positions`), None: all; layout: the batch
+        row of each request of sample_idx (None: 0..). With one pass and sampled requests in the batch, their
+        tokens are drawn from the draft's marginals (`_sample_block`).
         -> [B, K] draft token ids (the mask id at positions left out)."""
         model = self._inner()
         t_fwd = self.timer.start()
@@ -376,11 +421,9 @@ class DFlashDrafter(DFlashProposer):
             hidden = run_model()
             sample_hidden = hidden[sample_idx]  # [B * K, H], request-major
             if s == steps - 1:
-                if steps == 1 and (self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy):
-                    drafts, probs = self._sample_draft_tokens(sample_hidden, sampling_metadata)
-                    if probs is not None:
-                        self._last_draft_probs = probs.view(-1, K, probs.shape[-1]).contiguous()
-                    drafts = drafts.view(-1, K)
+                if steps == 1 and self.sample_drafts and not sampling_metadata.all_greedy:
+                    layout = layout if layout is not None else list(range(sample_hidden.shape[0] // K))
+                    drafts = self._sample_block(sample_hidden, K, sampling_metadata, keep, layout)
                 elif steps == 1 and keep is not None:  # the verified positions alone (block_rows.py)
                     drafts = torch.full((sample_hidden.shape[0],), self.parallel_drafting_token_id,
                                         dtype=torch.int64, device=sample_hidden.device)  # [B * K]
@@ -409,14 +452,86 @@ class DFlashDrafter(DFlashProposer):
         self.metrics.set("block_size", K + 1)
         return drafts
 
+    def _sample_block(self, hidden: torch.Tensor, K: int, sampling_metadata, keep: torch.Tensor | None,
+                      layout: list[int]) -> torch.Tensor:
+        """The last pass of one-pass drafting when the batch has sampled requests. A greedy request's slots take the
+        argmax (as without sampling: lossless one-hot drafts); a sampled request's first `sampled_slots` slots a
+        draw from the draft's marginals at the request's temperature, top-k and top-p (`draft_distribution`), drawn
+        with the request's own generator where it is seeded, its later slots the argmax (one-hot q). The q of every
+        position is kept in `_block_q` for the verifier (`_hand_off_probs`).
+        hidden: [len(layout) * K, H] request-major; keep: [m] the positions drafted (None: all).
+        -> [len(layout), K] target ids (the mask id at positions left out)."""
+        from vllm_dflash.sampling import draft_distribution, sample_rows
+
+        model = self._inner()
+        dev, n = hidden.device, hidden.shape[0]
+        pos = keep if keep is not None else torch.arange(n, device=dev)  # [m]
+        rows = torch.tensor(layout, dtype=torch.long, device=dev).repeat_interleave(K)[pos]  # [m] batch rows
+        slots = pos % K  # [m]
+        logits = model.draft_logits(hidden[pos])  # [m, V_draft]
+        greedy_ids = model._to_target_ids(logits.max(dim=-1).indices)  # == draft_argmax
+        sm = sampling_metadata
+        temp = sm.temperature[rows]  # [m]; 0 for greedy requests
+        sampled = temp != 0
+        q = draft_distribution(logits, torch.where(sampled, temp, torch.ones_like(temp)),
+                               None if sm.top_k is None else sm.top_k[rows],
+                               None if sm.top_p is None else sm.top_p[rows])  # [m, V_draft]
+        u = torch.rand(rows.shape[0], dtype=torch.float64, device=dev)  # [m]
+        for r, gen in sm.generators.items():  # seeded requests: their own stream
+            at = (rows == r).nonzero().squeeze(-1)
+            if at.numel():
+                u[at] = torch.empty(at.numel(), dtype=torch.float64, device=dev).uniform_(generator=gen)
+        draw = sampled & (slots < self.sampled_slots)  # [m] slots drawn from q; the others take the argmax
+        argmax = logits.max(dim=-1).indices  # [m] draft ids
+        q = torch.where(draw[:, None], q, torch.zeros_like(q).scatter_(1, argmax[:, None], 1.0))  # one-hot there
+        ids = torch.where(draw, model._to_target_ids(sample_rows(q, u)), greedy_ids)
+        drafts = torch.full((n,), self.parallel_drafting_token_id, dtype=torch.int64, device=dev)  # [len * K]
+        drafts[pos] = ids.to(torch.int64)
+        self._block_q = (rows * K + slots, q, sampled)
+        return drafts.view(-1, K)
+
+    def _hand_off_probs(self, rows: list[int], tokens: np.ndarray, spans: list[tuple[int, int] | None]) -> None:
+        """q for the verifier after an adaptive plan (`take_last_draft_probs`): per sampled request of batch row
+        rows[j] with proposal tokens[j] [K] (slots past its length unused), the draft's q at its DFlash slots
+        spans[j] = (lo, hi) (None: no DFlash slot) and one-hot q at the rest (prompt-lookup tokens, padding). None
+        (one-hot for all, vLLM's default) when no sampled request verifies a sampled DFlash token."""
+        if self._block_q is None:
+            return
+        cells_t, q, sampled_t = self._block_q
+        K = self.num_speculative_tokens
+        B = max(len(self._runner.input_batch.req_ids), max(rows, default=-1) + 1)
+        cells, sampled = cells_t.tolist(), sampled_t.tolist()
+        where = {c: i for i, (c, s) in enumerate(zip(cells, sampled)) if s}  # sampled cells -> q row
+        if not where:
+            return
+        take, q_cells, hot_cells, hot_tokens = [], [], [], []
+        for r, toks, span in zip(rows, tokens, spans):
+            lo, hi = span if span is not None else (0, 0)
+            if not any(r * K + j in where for j in range(lo, hi)):
+                continue  # greedy, or no sampled DFlash token: one-hot everywhere is the default verification
+            for j in range(min(len(toks), K)):
+                c = r * K + j
+                if lo <= j < hi and c in where:
+                    take.append(where[c])
+                    q_cells.append(c)
+                else:
+                    hot_cells.append(c)
+                    hot_tokens.append(int(toks[j]))
+        if not take:
+            return
+        dev = q.device
+        self._last_draft_probs = self._q_buffer.build(
+            B, torch.tensor(q_cells, device=dev), q[torch.tensor(take, device=dev)],
+            torch.tensor(hot_cells, dtype=torch.long, device=dev), torch.tensor(hot_tokens, device=dev))
+
     def _block(self, draft, rows: list[int], select: list[int] | None = None,
                spans: dict[int, tuple[int, int]] | None = None) -> np.ndarray:
         """Run the draft forward for adaptive drafting (over the batch rows `select` alone where it can: those whose
-        plan verifies DFlash tokens; with its argmax at the slots `spans` they verify). -> [len(rows), K] the DFlash
-        drafts of those batch rows on the host (one-hot for the verifier: lossless under rejection sampling; a row
-        outside `select`, or a slot outside its span, holds filler)."""
+        plan verifies DFlash tokens; its tokens at the slots `spans` they verify). -> [len(rows), K] the DFlash
+        drafts of those batch rows on the host (a row outside `select`, or a slot outside its span, holds filler).
+        Greedy requests' drafts are argmaxes (one-hot q); sampled requests' q is handed over by `_hand_off_probs`
+        once the proposals are built."""
         drafts = draft(select, spans)
-        self._last_draft_probs = None
         return drafts.cpu().numpy()[rows]
 
     def _histories(self, K, target_positions, next_token_ids, cad, num_rejected):
@@ -452,6 +567,11 @@ class DFlashDrafter(DFlashProposer):
             rows.append(i)
         return req_ids, hists, rows, decode_only, prefill_tokens
 
+    def _sampled(self, rows: list[int]) -> list[bool]:
+        """Per batch row: does its request sample (temperature > 0; the runner stores 0 for greedy requests)?"""
+        temperature = self._runner.input_batch.temperature_cpu
+        return [bool(temperature[i] > 0) for i in rows]
+
     def _hints(self, lookups, hists) -> list[np.ndarray] | None:
         """A hinted draft's block inputs: per request the prompt-lookup continuation with the draft's own n-gram
         sizes (the controller's lookups when they are the same lookup). None for a plain draft."""
@@ -485,7 +605,7 @@ class DFlashDrafter(DFlashProposer):
         batch, B, qsl = self._runner.input_batch, cad.num_reqs, cad.query_start_loc_cpu
         fwd = self._forward_timer.take() if self._forward_timer is not None else None
         plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
-                                    extra_tokens=prefill_tokens, forward_s=fwd)
+                                    extra_tokens=prefill_tokens, forward_s=fwd, sampled=self._sampled(rows))
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
         if plan.drop_context and self._deferred is not None and not self._keep_context:
             # no speculation won at this batch size: holding this step's rows (copy, fc, K/V write) would be the only
@@ -505,6 +625,8 @@ class DFlashDrafter(DFlashProposer):
         out: list[list[int]] = [[] for _ in range(len(batch.req_ids))]
         for i, toks in zip(rows, planned):
             out[i] = toks
+        if block is not None:
+            self._hand_off_probs(rows, planned, [spans.get(r) for r in rows])
         self.metrics.flush()
         return out
 
@@ -563,7 +685,7 @@ class DFlashDrafter(DFlashProposer):
             rows.append(i)
             req_ids.append(rid)
         if rows and K:
-            plan = self.controller.plan_overlap(req_ids, hists, verified)
+            plan = self.controller.plan_overlap(req_ids, hists, verified, sampled=self._sampled(rows))
             # no clock here (the lengths are the scheduler's, one process), but the same insurance as _adaptive
             plan = self._sync(plan)
             block = None
@@ -571,6 +693,8 @@ class DFlashDrafter(DFlashProposer):
                 self._write_hints(rows, self._hints(plan.lookups, hists))
                 block = self._block(draft, rows)
             out[rows] = self.controller.propose_overlap(plan, block, out[rows, 0])
+            if block is not None:
+                self._hand_off_probs(rows, out[rows], plan.overlap_spans(K))
         elif rows:
             self.controller.score_overlap(req_ids, verified)
         if self._calls % 64 == 0:  # requests not seen for 64 steps: finished or long preempted

@@ -146,6 +146,15 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
         conf, idx = torch.softmax(logits.float(), dim=-1).max(dim=-1)
         return conf, self._to_target_ids(idx)
 
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> logits over the draft vocabulary [N, V_draft] (draft ids: `draft_target_ids` maps them)."""
+        return self.logits_processor(self.lm_head, hidden_states)[..., : self.config.draft_vocab_size]
+
+    def draft_target_ids(self) -> torch.Tensor:
+        """[V_draft] the target id of every draft-vocabulary id (arange for the full vocabulary)."""
+        ids = torch.arange(self.config.draft_vocab_size, device=self.lm_head.weight.device)
+        return self._to_target_ids(ids)
+
     def draft_argmax(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> argmax as target ids [N] (no softmax: the last denoising pass)."""
         # max().indices: the same index as argmax (first maximum), 3.5-4.5x faster on CPU (dev/PROFILE_18.md)
