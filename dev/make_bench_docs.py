@@ -420,18 +420,24 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
     out = ["## Soak test (serving under load, faults and bad input)", "",
            "Full figures and method: [docs/RELIABILITY.md](../docs/RELIABILITY.md) (generated from the same JSON by "
            "`python benchmarks/soak.py --render ...`).", "",
-           f"- machine: {machine('soak')}", "",
+           f"- machine: {machine('soak')}, unless the file names its CPU: "
+           + "; ".join(f"{f.stem}: {load(f)['meta']['cpu']}" for f in files if load(f)["meta"].get("cpu")), "",
            "| file | date | command | draft | clients × rounds | requests | checks passed | greedy identical "
            "under load | RSS growth, last round |", "|---|---|---|---|---|---:|---|---|---:|"]
+    checks = []  # served feature checks (`--features-check`): their own section in RELIABILITY.md
     for f in files:
         d = load(f)
         m = d["meta"]
+        if m.get("mode") == "features":
+            checks.append(f"{f.stem} ({m['started']}, {m['dtype']}): "
+                          f"{sum(c['ok'] for c in d['checks'])}/{len(d['checks'])} checks passed")
+            continue
         cmd = ["python benchmarks/soak.py"] + (["--quick"] if m["mode"] == "quick" else [])
         if m["mode"] == "full" and m["rounds"] != 3:
             cmd.append(f"--rounds {m['rounds']}")
         if m["mode"] == "full" and m["duration_limit_s"] != 1200.0:
             cmd.append(f"--duration {m['duration_limit_s']:.0f}")
-        cmd += [f"--server-env {e}" for e in m.get("server_env", [])]
+        cmd += [f"--server-env {e}" for e in m.get("server_env", [])] + (["--preempt"] if m.get("preempt") else [])
         greedy = next((c["detail"] for c in d["checks"] if c["name"] == "greedy_identical_under_load"), "–")
         ok = sum(c["ok"] for c in d["checks"])
         growth = d["memory"].get("growth_per_round") or []
@@ -440,6 +446,9 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
         out.append(f"| {f.stem} | {m['started']} | `{' '.join(cmd)}` | {draft} | {m['concurrency']} × {m['rounds']} "
                    f"| {sent} | {ok}/{len(d['checks'])} | {greedy.split(' greedy')[0]} "
                    + (f"| {growth[-1]:.2%} |" if growth else "| – |"))
+    if checks:
+        out += ["", "Served feature checks against stock vLLM (`python benchmarks/soak.py --features-check`): "
+                + "; ".join(checks) + "."]
     return out + hand(notes, "soak")
 
 
