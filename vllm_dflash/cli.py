@@ -8,18 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help shows its default: appended as '(default: X)' unless the help already says what the
-    default is (options whose default is computed, e.g. 'default: the machine's fastest')."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if ("default" in text or action.default is argparse.SUPPRESS or not action.option_strings
-                or action.required):
-            return text
-        return super()._get_help_string(action)
+from vllm_dflash.utils import HelpFormatter
 
 
 def _is_default_target(target: str | None) -> bool:

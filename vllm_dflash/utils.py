@@ -2,6 +2,7 @@
 """Small shared helpers: logging, seeding, JSON lines."""
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -93,3 +94,16 @@ def default_dtype() -> str:
     if torch.cuda.is_available() or cpu_has_bf16():
         return "bfloat16"
     return "float32"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help shows its default: appended as '(default: X)' unless the help already says what the
+    default is (options whose default is computed, e.g. 'default: the machine's fastest'). Shared by the
+    `vllm-dflash` CLI and the scripts under benchmarks/."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default is argparse.SUPPRESS or not action.option_strings
+                or action.required):
+            return text
+        return super()._get_help_string(action)

@@ -227,7 +227,7 @@ def _cli_parsers(monkeypatch) -> dict[str, argparse.ArgumentParser]:
 
 
 def test_cli_help_shows_every_default(monkeypatch):
-    from vllm_dflash.cli import HelpFormatter
+    from vllm_dflash.utils import HelpFormatter
 
     parsers = _cli_parsers(monkeypatch)
     assert {"collect", "train", "eval", "demo", "bench", "export", "prepare-target"} <= set(parsers)

@@ -538,7 +538,7 @@ def _tau(run: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None, out_dir_default: str = DEFAULT_OUT_DIR) -> int:
     """benchmarks/bench_serving.py's entry point; `out_dir_default` lets a script keep its own results folder."""
-    from vllm_dflash.cli import HelpFormatter
+    from vllm_dflash.utils import HelpFormatter
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     p = argparse.ArgumentParser(prog="bench_serving", description=__doc__, formatter_class=HelpFormatter)
