@@ -3,7 +3,7 @@
 
 Usage: python tests/support/vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
-overrides (sampling_list: one dict per prompt), llm_kwargs, expect_error (a substring: the LLM build must fail with
+overrides (sampling_list: one dict per prompt), llm_kwargs, lora (an adapter folder every request uses), expect_error (a substring: the LLM build must fail with
 it), patch (code run before the LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
 vLLM's import costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
 import gc
@@ -47,14 +47,19 @@ def run_one(spec: dict) -> dict:
         sps = [SamplingParams(**sp_args, seed=spec["per_prompt_seed"] + i) for i in range(len(prompts))]
     else:
         sps = SamplingParams(**sp_args)
-    outs = llm.generate(prompts, sps, use_tqdm=False)
+    lora = None
+    if spec.get("lora"):  # a LoRA adapter folder: every request goes through it (llm_kwargs must enable LoRA)
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest("test-lora", 1, spec["lora"])
+    outs = llm.generate(prompts, sps, use_tqdm=False, lora_request=lora)
     first = _spec_counters(llm)
     reps = []  # optional repeats in the same engine (warm prefix cache): tokens and spec counters per repeat
     for _ in range(spec.get("repeat", 0)):
         if spec.get("before_repeat"):  # fault injection for negative controls (test-only), `llm` in scope
             exec(spec["before_repeat"], {"llm": llm})
         before = _spec_counters(llm)
-        again = llm.generate(prompts, sps, use_tqdm=False)
+        again = llm.generate(prompts, sps, use_tqdm=False, lora_request=lora)
         after = _spec_counters(llm)
         reps.append({"tokens": [list(o.outputs[0].token_ids) for o in again],
                      "counters": {k: after[k] - before.get(k, 0.0) for k in after},

@@ -187,6 +187,7 @@ class DFlashDrafter(DFlashProposer):
     @override
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
+        self._unwrap_lora_embedding()
         if self._forward_timer is not None:
             self._forward_timer.wrap(target_model)
         from vllm_dflash.integration.vllm_model import DFlashDraftForVllm
@@ -202,6 +203,20 @@ class DFlashDrafter(DFlashProposer):
                                "model registration overridden? (check VLLM_PLUGINS)")
         self._check_tp_shards()
         self._check_position_range()
+
+    def _unwrap_lora_embedding(self) -> None:
+        """With --enable-lora the target's token embedding is a LoRA wrapper (vLLM's VocabParallelEmbeddingWithLoRA)
+        whose token-to-adapter mapping is set for the target's scheduled tokens; the draft shares that module, and its
+        forward over a different token count failed inside the wrapper and ended the engine (issue 51: the soak's
+        LoRA finding). The draft was trained on the base embedding, so it embeds through the wrapped base layer;
+        the target still verifies with its adapter, so outputs are the adapter's own."""
+        model = self._inner().model
+        embed = getattr(model, "embed_tokens", None)
+        base = getattr(embed, "base_layer", None)
+        if base is not None and "LoRA" in type(embed).__name__:
+            model.embed_tokens = base
+            logger.info("vllm_dflash: LoRA is enabled: the draft embeds tokens with the target's base embedding "
+                        "(requests with an adapter draft without it; the target verifies with it)")
 
     def _check_tp_shards(self) -> None:
         """Load-time invariants of the sharded draft (dev/TP_DESIGN.md 1a): each rank holds its own KV heads

@@ -11,9 +11,10 @@ LORA_NAME = "soak-lora"  # the adapter's served model name (--lora-modules)
 TARGET_MODULES = ("q_proj", "v_proj")
 
 
-def make_lora(target: Path, out: Path, rank: int = 4, seed: int = 0) -> Path:
+def make_lora(target: Path, out: Path, rank: int = 4, seed: int = 0, scale: float = 0.05) -> Path:
     """Write adapter_config.json + adapter_model.safetensors for `target` (a Llama / Qwen-style HF folder) into
-    `out`: rank-`rank` A and B matrices on every layer's q_proj and v_proj. -> out."""
+    `out`: rank-`rank` A and B matrices (normal, standard deviation `scale`) on every layer's q_proj and v_proj.
+    -> out."""
     import torch
     from safetensors.torch import save_file
 
@@ -27,8 +28,8 @@ def make_lora(target: Path, out: Path, rank: int = 4, seed: int = 0) -> Path:
     for i in range(layers):
         for m in TARGET_MODULES:
             key = f"base_model.model.model.layers.{i}.self_attn.{m}"
-            tensors[f"{key}.lora_A.weight"] = 0.05 * torch.randn(rank, hidden, generator=g)  # [r, in]
-            tensors[f"{key}.lora_B.weight"] = 0.05 * torch.randn(outs[m], rank, generator=g)  # [out, r]
+            tensors[f"{key}.lora_A.weight"] = scale * torch.randn(rank, hidden, generator=g)  # [r, in]
+            tensors[f"{key}.lora_B.weight"] = scale * torch.randn(outs[m], rank, generator=g)  # [out, r]
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
     (out / "adapter_config.json").write_text(json.dumps({
