@@ -261,10 +261,31 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "versions": {"vllm_dflash": _version("vllm-dflash"), "vllm": _version("vllm"), "torch": _version("torch")}}
 
 
+def own_f32_gemm(cfg: BenchConfig, dtype: str) -> bool:
+    """Do this configuration's float32 linear layers run on our GEMM (DFLASH_CPU_GEMM_F32 on this CPU), while stock
+    `none` runs oneDNN's? Only in a server where the plugin acts: a DFlash engine with our drafter, or the opt-in
+    DFLASH_VLLM_EXTRAS=all."""
+    from vllm_dflash.integration.patches.cpu_gemv import f32_rows
+    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
+
+    if cfg.stock or dtype != "float32" or not gemm_f32_supported():
+        return False
+    acts = (cfg.env.get("DFLASH_VLLM_EXTRAS") == "all"
+            or (cfg.method == "dflash" and cfg.spec_extra.get("drafter", "ours") == "ours"))
+    value = cfg.env.get("DFLASH_CPU_GEMM_F32", settings.PROCESS_FIELDS["cpu_gemm_f32"].default)
+    if str(value).lower() in ("off", "0"):
+        return False
+    try:
+        return acts and f32_rows(value) > 0
+    except ValueError:  # a bad value: the server refuses to start; nothing to compare
+        return False
+
+
 def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: dict[str, Any],
-               run: dict[str, Any]) -> dict[str, Any]:
+               run: dict[str, Any], kernels_differ: bool = False) -> dict[str, Any]:
     """Greedy outputs vs `none` on the same prompts; each difference explained by the target's top-2 logprob margin
-    at its first differing token (vllm_dflash.exactness: float32 must be identical, bf16 may differ at near-ties).
+    at its first differing token (vllm_dflash.exactness: float32 must be identical, bf16 may differ at near-ties;
+    kernels_differ: float32 through our GEMM against stock oneDNN, near-ties within F32_KERNELS_NATS).
     Compared on the servers' token ids where both runs have them (else on the re-encoded text)."""
     from vllm_dflash.exactness import explain, server_ids, summarize
 
@@ -275,10 +296,10 @@ def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: d
     for i in ids:  # explain: None when the outputs are identical
         a, b = (base["token_ids"].get(i) or {}), (tok.get(i) or {})
         d = explain(server.url, tokenizer, by_id[i], base["outputs"][i], outputs[i], server.dtype,
-                    ids=server_ids(a.get("prompt"), a.get("output"), b.get("output")))
+                    ids=server_ids(a.get("prompt"), a.get("output"), b.get("output")), kernels_differ=kernels_differ)
         if d:
             divs.append(d)
-    return summarize(len(ids), divs, server.dtype)
+    return summarize(len(ids), divs, server.dtype, kernels_differ)
 
 
 def _start_and_warm(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts: dict[str, list[dict[str, Any]]],
@@ -314,7 +335,7 @@ def _finish_run(run: dict[str, Any], server: Any, cfg: BenchConfig, items: list[
     if run["ok"] and cfg.name == "none":
         baseline[key] = {"outputs": run["outputs"], "token_ids": run.get("token_ids") or {}}
     elif run["ok"] and baseline.get(key) is not None:
-        run["exactness"] = _exactness(server, tokenizer, items, baseline[key], run)
+        run["exactness"] = _exactness(server, tokenizer, items, baseline[key], run, own_f32_gemm(cfg, server.dtype))
     run.pop("token_ids", None)  # compared above; not stored (the texts are)
     print(f"[{time.time() - t_start:6.0f}s] {cfg.name:13s} {run['prompt_set']:10s} c{run['concurrency']:<3d} "
           + (f"{run['output_tok_s']:7.1f} tok/s  tau {_tau(run)}" if run["ok"] else run["error"]), flush=True)
