@@ -95,6 +95,16 @@ def _run(cfg, tok_s, outputs, c=1, ps="humaneval", tau=None, per_pos=(3.0, 1.0))
                                                      "tokens_per_forward": tau - 0.25}}
 
 
+def test_sampled_runs_get_speedups_but_no_output_comparison():
+    """bench --temperature > 0: sampled outputs differ run to run, so nothing is compared with `none` (no false
+    mismatch), while speed-ups are still over `none`; the workload line says so."""
+    runs = [_run("none", 10.0, {"p": "x"}), _run("ours", 12.0, {"p": "y"}, tau=1.5)]
+    stats.attach_baseline(runs, compare=False)
+    assert runs[1]["speedup"] == pytest.approx(1.2) and runs[1]["vs_baseline"] is None
+    assert report.workload_text(0.7) == "sampled, temperature 0.7 (outputs not compared)"
+    assert report.workload_text(0.0) == "greedy (temperature 0)"
+
+
 def test_attach_baseline_and_table():
     runs = [_run("none", 10.0, {"p": "x"}), {**_run("ours", 25.0, {"p": "y"}, tau=2.0), "tokens_per_chunk": 1.8},
             _run("ngram", 5.0, {"p": "x"}, tau=1.5),

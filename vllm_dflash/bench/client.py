@@ -14,7 +14,7 @@ from typing import Any
 
 
 async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: bool,
-               sem: asyncio.Semaphore) -> dict[str, Any]:
+               sem: asyncio.Semaphore, temperature: float = 0.0) -> dict[str, Any]:
     async with sem:
         # the server's own token ids (prompt in the first chunk, each chunk's new tokens): greedy outputs are compared
         # and judged on them, not on a re-encoding of the text (which need not give the tokens the model produced)
@@ -28,7 +28,7 @@ async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: b
         finish = None
         chunks = 0
         stream = await client.chat.completions.create(
-            model="target", messages=item["messages"], max_tokens=max_tokens, temperature=0.0, stream=True,
+            model="target", messages=item["messages"], max_tokens=max_tokens, temperature=temperature, stream=True,
             stream_options={"include_usage": True}, extra_body=extra)
         async for chunk in stream:
             if chunk.usage is not None:
@@ -56,7 +56,7 @@ async def _one(client: Any, item: dict[str, Any], max_tokens: int, ignore_eos: b
 
 
 async def _run(base_url: str, items: list[dict[str, Any]], concurrency: int, max_tokens: int,
-               ignore_eos: bool) -> list[dict[str, Any]]:
+               ignore_eos: bool, temperature: float = 0.0) -> list[dict[str, Any]]:
     import httpx
     from openai import AsyncOpenAI
 
@@ -64,14 +64,15 @@ async def _run(base_url: str, items: list[dict[str, Any]], concurrency: int, max
     async with AsyncOpenAI(base_url=base_url + "/v1", api_key="none", timeout=3600.0, max_retries=0,
                            http_client=httpx.AsyncClient(limits=limits, timeout=3600.0)) as client:
         sem = asyncio.Semaphore(concurrency)
-        return list(await asyncio.gather(*(_one(client, it, max_tokens, ignore_eos, sem) for it in items)))
+        return list(await asyncio.gather(*(_one(client, it, max_tokens, ignore_eos, sem, temperature) for it in items)))
 
 
 def run_load(base_url: str, items: list[dict[str, Any]], concurrency: int, max_tokens: int,
-             ignore_eos: bool = False) -> list[dict[str, Any]]:
-    """Send every item (a dict with `id` and chat `messages`), `concurrency` at a time, greedy; per request:
+             ignore_eos: bool = False, temperature: float = 0.0) -> list[dict[str, Any]]:
+    """Send every item (a dict with `id` and chat `messages`), `concurrency` at a time, at `temperature` (0: greedy;
+    vLLM's defaults for everything else); per request:
     id, text, the server's output and prompt token ids, completion/prompt tokens, finish reason, start/end times,
     TTFT and latency (seconds)."""
     if concurrency < 1:
         raise ValueError(f"bench: concurrency {concurrency} < 1")
-    return asyncio.run(_run(base_url, items, concurrency, max_tokens, ignore_eos))
+    return asyncio.run(_run(base_url, items, concurrency, max_tokens, ignore_eos, temperature))

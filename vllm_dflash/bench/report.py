@@ -197,7 +197,7 @@ def render_markdown(result: dict[str, Any]) -> str:
            f"load average at start {m['machine']['loadavg_start']}, at end {m['machine'].get('loadavg_end')}.", "",
            f"- target: `{m['target']}`; draft: `{m['draft']}`"
            + ("" if m["draft_trained"] else " (**UNTRAINED**: τ ≈ 1 and a slowdown are expected)"),
-           f"- workload: greedy (temperature 0), max_tokens {m['max_tokens']}, ignore_eos {m['ignore_eos']}, "
+           f"- workload: {workload_text(m.get('temperature') or 0.0)}, max_tokens {m['max_tokens']}, ignore_eos {m['ignore_eos']}, "
            f"prompt sets {', '.join(m['prompt_sets'])}, {prompts_per_run_text(m)}, "
            f"concurrency {', '.join(map(str, m['concurrency']))}; streaming OpenAI chat clients (asyncio); "
            "one warm-up request per prompt set before measuring",
@@ -335,6 +335,10 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
     return written
+
+
+def workload_text(temperature: float) -> str:
+    return "greedy (temperature 0)" if not temperature else f"sampled, temperature {temperature} (outputs not compared)"
 
 
 def prompts_per_run_text(m: dict[str, Any]) -> str:

@@ -76,7 +76,12 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
                    "NAME#LABEL is a labelled copy of NAME for A/Bs of --spec-extra / --env overrides "
                    f"(default: all; quick: {q['configs']})")
     p.add_argument("--prompt-sets", default="humaneval,chat",
-                   help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), or JSONL files")
+                   help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), open-chat "
+                        "(held-out ShareGPT first turns; open-chat/CATEGORY for one category), math (held-out "
+                        "GSM-Symbolic templates), or JSONL files")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (0: greedy; above 0 the outputs are not compared with "
+                        "`none`, since sampled outputs differ run to run)")
     p.add_argument("--concurrency", default=None, help="comma list of requests in flight (default 1,8,32; quick 1,8)")
     p.add_argument("--num-prompts", default=None,
                    help="prompts per run = max(this, --waves x concurrency): one number, or one per concurrency "
@@ -244,7 +249,7 @@ def _meta(a: argparse.Namespace, target: Path, draft: Path | None, trained: bool
             "target": str(target), "draft": str(draft) if draft else None, "draft_trained": trained,
             "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
             "waves": a.waves, "prompts_per_run": {str(c): n for c, n in a.prompts_per_run.items()},
-            "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": 0.0,
+            "concurrency": levels, "max_tokens": a.max_tokens, "ignore_eos": a.ignore_eos, "temperature": a.temperature,
             "engine": {"dtype": dtype, "enforce_eager": a.enforce_eager, "max_model_len": a.max_model_len,
                        "max_num_seqs": max_num_seqs, "kv_cache_gib": a.kv_cache_gib,
                        "cpu_gemv": settings.parse_value("cpu_gemv", a.cpu_gemv) if a.cpu_gemv is not None
@@ -328,13 +333,14 @@ def _start_and_warm(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompt
 
 
 def _finish_run(run: dict[str, Any], server: Any, cfg: BenchConfig, items: list[dict[str, Any]],
-                baseline: dict[tuple[str, int], dict[str, Any]], tokenizer: Any, t_start: float) -> dict[str, Any]:
+                baseline: dict[tuple[str, int], dict[str, Any]], tokenizer: Any, t_start: float,
+                sampled: bool = False) -> dict[str, Any]:
     """`none` records its outputs as the baseline; any other configuration's greedy outputs are explained against it
-    on its own server (still up)."""
+    on its own server (still up). sampled (--temperature > 0): nothing to compare."""
     key = (run["prompt_set"], run["concurrency"])
     if run["ok"] and cfg.name == "none":
         baseline[key] = {"outputs": run["outputs"], "token_ids": run.get("token_ids") or {}}
-    elif run["ok"] and baseline.get(key) is not None:
+    elif run["ok"] and baseline.get(key) is not None and not sampled:
         run["exactness"] = _exactness(server, tokenizer, items, baseline[key], run, own_f32_gemm(cfg, server.dtype))
     run.pop("token_ids", None)  # compared above; not stored (the texts are)
     print(f"[{time.time() - t_start:6.0f}s] {cfg.name:13s} {run['prompt_set']:10s} c{run['concurrency']:<3d} "
@@ -355,7 +361,7 @@ def _bench_config(server: Any, cfg: BenchConfig, entry: dict[str, Any], prompts:
         for ps, items in prompts.items():
             for c in levels:
                 runs.append(_finish_run(_one_run(server, cfg, ps, items[slices[c]], c, a), server, cfg,
-                                        items[slices[c]], baseline, tokenizer, t_start))
+                                        items[slices[c]], baseline, tokenizer, t_start, a.temperature > 0))
     finally:
         server.stop()
     return runs
@@ -396,7 +402,8 @@ def _bench_interleaved(servers: dict[str, Any], cfgs: dict[str, BenchConfig], en
                 runs_done += n
                 for name in sorted(live, key=lambda x: x != "none"):  # none first: the others are explained against it
                     run = failed.get(name) or waves.summarize(cfgs[name], ps, c, waves_of[name])
-                    runs.append(_finish_run(run, servers[name], cfgs[name], its, baseline, tokenizer, t_start))
+                    runs.append(_finish_run(run, servers[name], cfgs[name], its, baseline, tokenizer, t_start,
+                                            a.temperature > 0))
         return runs
     finally:
         for server in servers.values():
@@ -506,7 +513,7 @@ def run_from_args(a: argparse.Namespace) -> int:
     if a.interleave:
         result["runs"] = _bench_interleaved(servers, {c.name: c for c in configs}, result["configs"], prompts, levels,
                                             a, t_start, baseline, tokenizer)
-    stats.attach_baseline(result["runs"])
+    stats.attach_baseline(result["runs"], compare=a.temperature == 0)
     # measured again with every server stopped; the better reading of each side counts (a disturbed 60 ms of
     # GEMMs once read 29 GFLOP/s against 150 on the same machine)
     hw = limit.better(hw, _hardware(target, dtype, a.threads)[0])

@@ -134,9 +134,9 @@ def compare_outputs(base: dict[str, str], other: dict[str, str], excerpt: int = 
     return {"identical": len(ids) - len(mismatches), "compared": len(ids), "mismatches": mismatches}
 
 
-def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none") -> None:
-    """In place: speedup (output tok/s over the baseline's) and output comparison for every run that has a
-    baseline run at the same prompt set and concurrency."""
+def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none", compare: bool = True) -> None:
+    """In place: speedup (output tok/s over the baseline's) and output comparison (greedy runs: compare) for every
+    run that has a baseline run at the same prompt set and concurrency."""
     base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == baseline and r.get("ok")}
     for r in runs:
         b = base.get((r["prompt_set"], r["concurrency"]))
@@ -146,4 +146,4 @@ def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none") -> None:
         r["speedup"] = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] > 0 else None
         # per interleaved round: the speed-up's spread under drift (the baseline's own ratios would all be 1)
         r["speedup_rounds"] = None if r is b else paired_ratios(r, b)
-        r["vs_baseline"] = None if r is b else compare_outputs(b["outputs"], r["outputs"])
+        r["vs_baseline"] = None if r is b or not compare else compare_outputs(b["outputs"], r["outputs"])

@@ -45,7 +45,7 @@ def measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
     idle0 = [group_cpu_s(o.proc.pid) for o in others.values()]
     threads0 = group_thread_cpu_s(server.proc.pid)
     machine0 = machine_cpu_s()
-    reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos)
+    reqs = run_load(server.url, items, c, a.max_tokens, a.ignore_eos, getattr(a, "temperature", 0.0))
     machine1 = machine_cpu_s()
     threads = cpu_delta(threads0, group_thread_cpu_s(server.proc.pid))  # before the scrape below adds its own
     after = settled_metrics(server)
