@@ -53,13 +53,15 @@ def pair() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _no_leaked_metrics_dir():
-    """A test that loads our plugin in this process (vLLM's `load_general_plugins`) makes pytest the owner of a metrics
-    folder and exports DFLASH_METRICS_DIR. Servers and engines that later tests start would inherit it and merge the
-    earlier runs' snapshots into their counters. Restore the variables after every test."""
+def _no_leaked_plugin_env():
+    """A test that configures DFlash in this process (an engine config built in-process) makes pytest the owner of a
+    metrics folder and exports DFLASH_METRICS_DIR and the plugin's process marker DFLASH_PLUGIN_ACTIVE. Servers,
+    engines and probes that later tests start would inherit them: the earlier runs' snapshots merged into their
+    counters, and the patches applied at start-up in processes that never asked for DFlash (the walls). Restore
+    the variables after every test."""
     from vllm_dflash.settings import deprecated_env_name, env_name
 
-    names = (env_name("metrics_dir"), deprecated_env_name("metrics_dir"))
+    names = (env_name("metrics_dir"), deprecated_env_name("metrics_dir"), "DFLASH_PLUGIN_ACTIVE")
     before = {n: os.environ.get(n) for n in names}
     yield
     for n, v in before.items():

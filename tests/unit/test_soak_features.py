@@ -2,7 +2,7 @@
 """The served feature check's verdicts (vllm_dflash/bench/soak/features.py) catch what they are meant to catch, on
 doctored replies (fast, no vLLM): a greedy difference passes only as a near-tie, logprobs must agree, an over-long
 prompt must get stock's status, n=2 must give two valid choices, min_tokens must hold, and the stock server must run
-without our plugin. The check against real servers is tests/e2e/test_soak_features.py."""
+without our plugin. The check against real servers is tests/e2e/test_soak_features_served.py."""
 import copy
 
 import pytest

@@ -18,7 +18,9 @@ CODE = textwrap.dedent('''
     import json
     from prometheus_client import generate_latest
     from vllm.plugins import load_general_plugins
-    load_general_plugins()  # our patches (vLLM does this in every process)
+    load_general_plugins()  # our plugin's hook (vLLM does this in every process)
+    from vllm_dflash.integration import patches
+    assert patches.activate() == []  # the patches, as configuring DFlash applies them (the walls)
     from vllm_dflash.serve import metrics as M
     M.register_collector()  # what a DFlash engine's front end does
     sink = M.MetricsSink.get()
