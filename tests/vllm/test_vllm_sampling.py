@@ -34,6 +34,11 @@ P.DFlashDrafter.propose = lying
 """
 
 
+# steps whose all-sampled batch was verified by our CPU path (integration/sampled_verify.py)
+SAMPLED_PROBE = ("probe['sampled_steps'] = getattr(llm.llm_engine.model_executor.driver_worker.worker.model_runner"
+                 ".rejection_sampler, '_vllm_dflash_sampled_steps', 0)")
+
+
 def _dist(res):
     return collections.Counter(tuple(t) for t in res["tokens"])
 
@@ -44,10 +49,11 @@ def test_sampling_distribution(pair):
     common = {"model": t, "prompts": [PROMPT] * N, "max_tokens": 3, "sampling": SAMPLING, "max_num_seqs": 64}
     base, ours, lossy = run_vllm([
         {**common, "per_prompt_seed": 0},
-        {**common, "per_prompt_seed": 100_000, "speculative_config": spec},
+        {**common, "per_prompt_seed": 100_000, "speculative_config": spec, "after": SAMPLED_PROBE},
         {**common, "per_prompt_seed": 100_000, "speculative_config": spec, "patch": LYING_DRAFTER},
     ])
     b, o, l = _dist(base), _dist(ours), _dist(lossy)
+    assert ours["probe"]["sampled_steps"] > 0  # verified by integration/sampled_verify.py (patch cpu_sampled_verify)
     assert sum(v >= 10 for v in b.values()) >= 3, f"distribution too peaked to test: {b.most_common(5)}"
     assert counter(ours, "vllm:spec_decode_num_accepted_tokens") > 0
     p = chi2_two_sample_pvalue(b, o)

@@ -408,14 +408,32 @@ CONTRACTS: tuple[Contract, ...] = (
         patch="cpu_greedy_verify",
         test="tests/vllm/test_greedy_verify.py"),
     Contract(
-        "vllm.v1.sample.rejection_sampler:rejection_sample", "function", "integration/greedy_verify.py",
-        "reimplemented for eligible batches (`greedy_accept`)",
+        "vllm.v1.sample.rejection_sampler:rejection_sample", "function",
+        "integration/greedy_verify.py, integration/patches/cpu_sampled_verify.py, integration/sampled_verify.py",
+        "reimplemented for eligible all-greedy batches (`greedy_accept`); replaced by a wrapper that takes "
+        "all-sampled CPU batches itself (`rejection_sample_sampled`) and calls it otherwise",
         "all greedy: the greedy kernel over `target_logits.argmax(dim=-1)` and returns; the kernel writes the "
         "target's token at each draft position up to and including the first mismatch, the bonus after an "
-        "all-accepted request, and leaves `PLACEHOLDER_TOKEN_ID` (-1, module constant) elsewhere",
+        "all-accepted request, and leaves `PLACEHOLDER_TOKEN_ID` (-1, module constant) elsewhere. Sampled: "
+        "`target_logits` come after the sampling constraints; a draft is accepted while `draft_prob > 0 and "
+        "target_prob / draft_prob >= uniform_prob` (draft_prob 1 without `draft_probs`); the first rejected "
+        "position gets a token from max(p - q, 0) (without draft probabilities: p with the draft token zeroed); "
+        "`RejectionSampler.forward` calls it through the module global",
+        params=("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
+                "target_logits", "bonus_token_ids", "sampling_metadata", "synthetic_mode",
+                "synthetic_conditional_rates", "use_fp64_gumbel"), exact=True,
         source=("if sampling_metadata.all_greedy:", "target_argmax = target_logits.argmax(dim=-1)",
-                "PLACEHOLDER_TOKEN_ID,"),
-        test="tests/vllm/test_greedy_verify.py"),
+                "PLACEHOLDER_TOKEN_ID,", "uniform_probs = generate_uniform_probs(",
+                "target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)"),
+        patch="cpu_sampled_verify",
+        test="tests/vllm/test_greedy_verify.py, tests/unit/test_sampled_verify.py, tests/vllm/test_vllm_sampling.py"),
+    Contract(
+        "vllm.v1.sample.rejection_sampler:generate_uniform_probs", "function",
+        "integration/patches/cpu_sampled_verify.py",
+        "called for the uniform draws of an all-sampled batch",
+        "[num_tokens] float64 uniforms, a seeded request's rows from its generator, none drawn for requests without "
+        "drafts", params=("num_tokens", "num_draft_tokens", "generators", "device"), exact=True,
+        test="tests/unit/test_sampled_verify.py"),
     Contract(
         "vllm.v1.sample.sampler:Sampler.greedy_sample", "method", "integration/greedy_verify.py",
         "mirrored: `row_argmax` takes every row's argmax with the same CPU op",
@@ -424,10 +442,17 @@ CONTRACTS: tuple[Contract, ...] = (
         params=("logits",), source=("torch.ops._C.greedy_argmax(logits)",),
         test="tests/vllm/test_greedy_verify.py"),
     Contract(
-        "vllm.v1.sample.rejection_sampler", "module", "integration/greedy_verify.py",
-        "`PLACEHOLDER_TOKEN_ID` mirrored as a constant", "the placeholder of rejected positions is -1",
-        attrs=("PLACEHOLDER_TOKEN_ID",), source=("PLACEHOLDER_TOKEN_ID: tl.constexpr = -1",),
-        test="tests/vllm/test_greedy_verify.py"),
+        "vllm.v1.sample.rejection_sampler", "module", "integration/greedy_verify.py, integration/sampled_verify.py",
+        "`PLACEHOLDER_TOKEN_ID` mirrored as a constant; the sampled rule mirrored",
+        "the placeholder of rejected positions is -1; the random kernel accepts while `draft_prob > 0` and "
+        "`target / draft >= uniform`, and recovers from max(p - q, 0) (without draft probabilities: p without the "
+        "draft token)",
+        attrs=("PLACEHOLDER_TOKEN_ID",),
+        source=("PLACEHOLDER_TOKEN_ID: tl.constexpr = -1",
+                "accepted = draft_prob > 0 and target_prob / draft_prob >= uniform_prob",
+                "mask=(vocab_mask & (vocab_offset != draft_token_id))",
+                "prob = tl.maximum(target_prob - draft_prob, 0.0)"),
+        test="tests/vllm/test_greedy_verify.py, tests/unit/test_sampled_verify.py"),
     Contract(
         "vllm.v1.sample.metadata:SamplingMetadata", "class", "integration/greedy_verify.py",
         "read: which batches the one-pass greedy verification may take",
