@@ -8,7 +8,7 @@ import pytest
 from vllm_dflash.adaptive.controller import AdaptiveController, StepPlan, merge
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
-                                         plan_lengths)
+                                         plan_lengths, predicted_speedup)
 
 
 def _lookup_loop(h, k, lo, hi):
@@ -642,3 +642,65 @@ def test_a_stale_request_in_dflash_mode_drafts_nothing():
     c.context_dropped(["a"])
     plan = c.plan(["a", "b"], [np.array([1, 2, 3])] * 2, query_tokens=2, decode_only=True)
     assert plan.sources[0] == "none" and plan.ks[0] == 0 and plan.sources[1] == "dflash"
+
+
+def test_planner_charges_a_sampled_requests_verification():
+    """issue 54.1: a sampled request's draft costs a rejection-sampler row on top of the step-cost fit. With that
+    cost charged (token_cost) the planner drafts less for the sampled request than for the greedy one (alike
+    otherwise) and stays optimal by brute force; the forecast includes it."""
+    gains = [cumulative_acceptance(np.full(4, 0.5), 4)] * 2
+    cost = StepCostModel(alpha=0.03, beta=0.0005)
+    free = plan_lengths(gains, cost)
+    charged = plan_lengths(gains, cost, token_cost=[0.0, 0.004])
+    assert free[0] == free[1] > 0 and charged[1] < charged[0] and charged[1] < free[1]
+    # optimal: no other lengths give more expected tokens per second under the charged cost
+    def rate(ks):
+        tok = 2 + sum(float(np.sum(g[:k])) for g, k in zip(gains, ks))
+        return tok / (cost(2 + sum(ks)) + 0.004 * ks[1])
+    assert rate(charged) == pytest.approx(max(rate(ks) for ks in itertools.product(range(5), repeat=2)), rel=1e-9)
+    assert predicted_speedup(gains, charged, cost, token_cost=[0.0, 0.004]) < predicted_speedup(gains, charged, cost)
+
+
+def test_controller_charges_only_sampled_requests():
+    """The controller hands `sampled_row_s` to the planner for requests marked sampled, never for greedy ones."""
+    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    hist = np.array([3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7, 8, 9, 3, 4, 5])
+    c.acceptance.mark_sampled(["s", "g"], [True, False])
+    seen = {}
+    import vllm_dflash.adaptive.controller as C
+
+    orig = C.plan_lengths
+
+    def spy(gains, cost, extra_tokens=0, token_cost=None):
+        seen["token_cost"] = token_cost
+        return orig(gains, cost, extra_tokens, token_cost)
+
+    C.plan_lengths = spy
+    try:
+        c.sampled_row_s = 0.002
+        c._best_plan(["s", "g"], [prompt_lookup(hist, 4, 2, 4)] * 2, 0)
+        assert list(seen["token_cost"]) == [0.002, 0.0]
+        c.sampled_row_s = 0.0
+        c._best_plan(["s", "g"], [prompt_lookup(hist, 4, 2, 4)] * 2, 0)
+        assert seen["token_cost"] is None
+    finally:
+        C.plan_lengths = orig
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_planner_with_token_costs_is_optimal(seed):
+    """Per-request draft prices (sampled requests' verification), flat and sloped step costs, ragged proposals:
+    the plan is the brute-force optimum, and nothing past a request's proposal is ever planned."""
+    rng = np.random.default_rng(100 + seed)
+    B = int(rng.integers(1, 4))
+    gains = [cumulative_acceptance(rng.uniform(0, 1, 4), int(rng.integers(0, 5))) for _ in range(B)]
+    cost = StepCostModel(alpha=float(rng.uniform(0.01, 0.05)), beta=float(rng.choice([0.0, rng.uniform(0, 0.01)])))
+    tc = [float(rng.choice([0.0, rng.uniform(0, 0.01)])) for _ in range(B)]
+    ks = plan_lengths(gains, cost, token_cost=tc)
+    assert all(k <= len(g) for k, g in zip(ks, gains))
+
+    def rate(k):
+        tok = B + sum(float(np.sum(g[:n])) for g, n in zip(gains, k))
+        return tok / (cost(B + sum(k)) + sum(t * n for t, n in zip(tc, k)))
+    best = max(rate(k) for k in itertools.product(*[range(len(g) + 1) for g in gains]))
+    assert rate(ks) == pytest.approx(best, rel=1e-9)

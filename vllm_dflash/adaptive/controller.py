@@ -145,6 +145,10 @@ class AdaptiveController:
         # target forward (timed by the caller, `plan(forward_s=...)`) plus the rest of the step (`SplitStepCost`)
         self.cost = SplitStepCost() if split_cost else StepCostModel(per_output=True)
         self.block_cost = StepCostModel(alpha=0.002, beta=0.0003)  # the draft forward: T(requests it runs over)
+        # seconds a sampled request's draft adds to the step in verification (a rejection-sampler row beyond the
+        # plain sampler's: measured by the caller, integration/patches/cpu_sampled_verify.py; 0: not known). The
+        # step-cost fit sees it only as noise (its host part has no per-draft term), so the planner charges it
+        self.sampled_row_s = 0.0
         # the drafter runs the forward over the requests that verify DFlash tokens only (synchronous, one pass:
         # integration/block_rows.py), so a plan's block costs block_cost(those requests); else block_cost(batch)
         self.block_rows_only = False
@@ -265,13 +269,17 @@ class AdaptiveController:
         table = self._gain_table(req_ids, m)
         fresh = self._fresh(req_ids)
         plans = []
+        # a sampled request's draft costs its verification row beyond the step-cost fit (`sampled_row_s`)
+        token_cost = None
+        if self.sampled_row_s > 0 and self.acceptance.sampled:
+            token_cost = np.array([self.sampled_row_s if r in self.acceptance.sampled else 0.0 for r in req_ids])
         for block in (True, False) if self.mode != "ngram" else (False,):
             sources, gains = self._choose(table, m, block, fresh)
-            ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens)
+            ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens, token_cost=token_cost)
             n_block = sum(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))  # requests using it
             uses = n_block > 0
             fixed = self.block_cost(n_block if self.block_rows_only else B) if uses else 0.0
-            plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed), sources, ks))
+            plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed, token_cost), sources, ks))
             if not uses:
                 break  # the plan with the block did not use it: it is the prompt-lookup plan already
         forecast, sources, ks = max(plans, key=lambda x: x[0])

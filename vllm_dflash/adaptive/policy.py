@@ -301,13 +301,14 @@ def gain_matrix(gains) -> np.ndarray:
     return out
 
 
-def plan_lengths(gains, cost: StepCostModel, extra_tokens: int = 0) -> list[int]:
+def plan_lengths(gains, cost: StepCostModel, extra_tokens: int = 0, token_cost=None) -> list[int]:
     """Draft length per request maximising expected tokens per second of the step.
 
     gains[r][i] = P_r(i+1): probability that drafts 1..i+1 of request r are all accepted (non-increasing in i); a
     list of arrays (request r may verify up to len(gains[r]) drafts) or a [B, K] array, zero where request r has
-    no draft. extra_tokens: query tokens of the step that are not decodes (e.g. prefill chunks). Returns k_r per
-    request (0 = no speculation for that request).
+    no draft. extra_tokens: query tokens of the step that are not decodes (e.g. prefill chunks). token_cost: [B]
+    seconds each draft of request r adds beyond the step-cost model (a sampled request's verification, which the
+    model's fit does not see per request; None: 0). Returns k_r per request (0 = no speculation for that request).
 
     Every (request, position) gain sorted in decreasing order (stable: request-major on ties), every prefix valued
     at once; the first best prefix wins. A zero gain never joins a plan (it adds cost, not tokens), so the padding
@@ -317,22 +318,33 @@ def plan_lengths(gains, cost: StepCostModel, extra_tokens: int = 0) -> list[int]
     if B == 0:
         return []
     flat = G.ravel()  # request-major, as the per-request lists
-    order = np.argsort(-flat, kind="stable")
+    if token_cost is None:
+        order = np.argsort(-flat, kind="stable")
+        extra = 0.0
+    else:
+        # drafts priced differently: the best plan takes drafts by gain per second (a fractional objective's optimum
+        # is a threshold on gain / cost), which keeps each request's drafts in order (same price, falling gains)
+        tc = np.repeat(np.asarray(token_cost, np.float64), K)  # [B * K]
+        price = cost.beta + tc
+        ratio = np.where(price > 0, flat / np.where(price > 0, price, 1.0), np.inf)
+        ratio[flat <= 0] = -1.0  # a zero gain (padding past a proposal) never comes before a real one
+        order = np.lexsort((-flat, -ratio))  # by ratio, then gain; stable (request-major) on ties
+        extra = np.cumsum(tc[order])
     n0 = float(B + extra_tokens)
     drafted = np.arange(1, flat.size + 1, dtype=np.float64)
     vals = np.empty(flat.size + 1)
     tokens = B + np.cumsum(flat[order])  # [B * K] expected tokens of each prefix
     vals[0] = B / cost(n0, B, B)
-    vals[1:] = tokens / cost(n0 + drafted, B, tokens)
+    vals[1:] = tokens / (cost(n0 + drafted, B, tokens) + extra)
     best_m = int(np.argmax(vals))  # the first maximum: a longer plan must be strictly better
     return np.bincount(order[:best_m] // max(K, 1), minlength=B).tolist()
 
 
 def predicted_speedup(gains, ks: list[int], cost: StepCostModel, extra_tokens: int = 0,
-                      fixed_seconds: float = 0.0) -> float:
+                      fixed_seconds: float = 0.0, token_cost=None) -> float:
     """The models' own forecast for a plan: expected output tokens/s of the step with lengths ks over the same step
     without drafts (1.0: no gain). gains as for `plan_lengths`; fixed_seconds: a cost the plan adds whatever its
-    lengths (the draft forward, when some request verifies DFlash tokens)."""
+    lengths (the draft forward, when some request verifies DFlash tokens); token_cost as for `plan_lengths`."""
     G = gain_matrix(gains)
     B, K = G.shape
     if B == 0:
@@ -341,7 +353,9 @@ def predicted_speedup(gains, ks: list[int], cost: StepCostModel, extra_tokens: i
     k = np.asarray(ks)
     drafted = int(k.sum())
     tokens = B + float(G[np.arange(K)[None, :] < k[:, None]].sum())
-    return (tokens / (cost(n0 + drafted, B, tokens) + (fixed_seconds if drafted else 0.0))) / (B / cost(n0, B, B))
+    extra = 0.0 if token_cost is None else float(np.dot(k, np.asarray(token_cost, np.float64)))
+    return ((tokens / (cost(n0 + drafted, B, tokens) + extra + (fixed_seconds if drafted else 0.0)))
+            / (B / cost(n0, B, B)))
 
 
 class SpeculationGuard:

@@ -619,6 +619,9 @@ class DFlashDrafter(DFlashProposer):
                                                                             num_rejected)
         batch, B, qsl = self._runner.input_batch, cad.num_reqs, cad.query_start_loc_cpu
         fwd = self._forward_timer.take() if self._forward_timer is not None else None
+        # a sampled request's verification row, measured by the rejection sampler (patch cpu_sampled_verify)
+        sampler = getattr(self._runner, "rejection_sampler", None)
+        self.controller.sampled_row_s = sampler.__dict__.get("_vllm_dflash_sampled_row_s", 0.0) if sampler else 0.0
         plan = self.controller.plan(req_ids, hists, query_tokens=int(qsl[B]), decode_only=decode_only,
                                     extra_tokens=prefill_tokens, forward_s=fwd, sampled=self._sampled(rows))
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import time
 
 from vllm_dflash.integration.patches.base import Patch
 
@@ -57,12 +58,21 @@ def apply() -> None:
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
         call = {"on": bool(self.__dict__.get("_vllm_dflash_on", False)), "used": False}
         token = _CALL.set(call)
+        t0 = time.perf_counter()
         try:
             return orig_forward(self, metadata, draft_probs, logits, sampling_metadata)
         finally:
             _CALL.reset(token)
             if call["used"]:  # steps verified here (tests read it)
                 self._vllm_dflash_sampled_steps = getattr(self, "_vllm_dflash_sampled_steps", 0) + 1
+            if call["on"] and not sampling_metadata.all_greedy and metadata.max_spec_len > 0:
+                # seconds per verified row (drafts + bonus rows) of a step with sampled requests, as an EMA: what a
+                # sampled request's draft costs in verification (the adaptive planner charges it: AdaptiveController
+                # .sampled_row_s)
+                rows = len(metadata.draft_token_ids) + len(metadata.num_draft_tokens)
+                row_s = (time.perf_counter() - t0) / max(rows, 1)
+                old = self.__dict__.get("_vllm_dflash_sampled_row_s")
+                self._vllm_dflash_sampled_row_s = row_s if old is None else 0.8 * old + 0.2 * row_s
 
     rejection_sample._vllm_dflash_sampled_patched = True
     forward._vllm_dflash_sampled_patched = True
