@@ -128,7 +128,8 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
             cmd.append(f"--prompt-sets {','.join(m['prompt_sets'])}")
         cmd += [f"--concurrency {','.join(map(str, m['concurrency']))}", f"--num-prompts {m['num_prompts']}",
                 *([f"--waves {m.get('waves', 1)}"] if m.get("waves", 1) != DEFAULT_WAVES else []),
-                f"--max-tokens {m['max_tokens']}"]
+                f"--max-tokens {m['max_tokens']}"] + ([f"--temperature {m['temperature']}"]
+                                                      if m.get("temperature") else [])
     eng, lay = m["engine"], m["layout"]
     cmd.append(f"--dtype {eng['dtype']}")
     if eng.get("enforce_eager", True):
@@ -254,7 +255,8 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
                 f" {ROUND_SPREAD_NOTE[0].upper()}{ROUND_SPREAD_NOTE[1:]}."
                 if any(r.get("speedup_rounds") for r in result["runs"]) else ""),
             "", pivot(result), "",
-            f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}.", ""]
+            *([] if m.get("temperature") else
+              [f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}."]), ""]
     lim = limit_table(result)
     if lim:
         out += lim
@@ -512,11 +514,27 @@ def brief_serving_section(stem: str, result: dict[str, Any]) -> list[str]:
             f"{eng['dtype']}`, {mode}, OMP_NUM_THREADS={m['layout']['omp_num_threads']}; vllm_dflash "
             f"{m['versions']['vllm_dflash']}, vLLM {m['versions']['vllm']}",
             f"- command: `{bench_command(m, list(result['configs']))}`",
-            f"- workload: greedy, up to {m['max_tokens']} tokens, {prompts_per_run_text(m)}",
+            f"- workload: {workload(m)}, up to {m['max_tokens']} tokens, {prompts_per_run_text(m)}",
+            f"- baselines: {baselines(result)}",
             f"- every table of this run (time split, adaptive choices, acceptance by position, limits): "
             f"[dev/BENCHMARKS-history.md]({link(HISTORY)}#{anchor(full)}); per-run details: "
             f"[{per_run.relative_to(REPO)}]({link(per_run)})", "",
-            pivot(result), "", f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}."]
+            pivot(result)] + ([] if m.get("temperature") else
+                              ["", f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}."])
+
+
+def workload(m: dict[str, Any]) -> str:
+    t = m.get("temperature") or 0.0
+    return "greedy" if not t else f"sampled at temperature {t} (outputs not compared)"
+
+
+def baselines(result: dict[str, Any]) -> str:
+    """Whether `none` / `ngram` ran stock vLLM (the plugin not loaded) or vLLM with the plugin installed."""
+    env = (result["configs"].get("none") or {}).get("env") or {}
+    if "vllm_dflash" not in str(env.get("VLLM_PLUGINS", "vllm_dflash")).split(","):
+        return "**stock vLLM** (`none` and `ngram` with vllm_dflash not loaded)"
+    return ("vLLM with vllm_dflash installed (`none` and `ngram` carry its CPU changes: the model in the engine core, "
+            "vLLM's n-gram thread fix, one-pass greedy verification)")
 
 
 def anchor(title: str) -> str:
@@ -532,9 +550,8 @@ How to read the serving tables:
   and concurrency · tokens per target forward, every request-step counted (vLLM's τ, counted on steps that verified
   drafts). Marked ≈: derived from vLLM's counters. Best speed-up per column in bold; in brackets the lowest and
   highest speed-up of one interleaved round.
-- **The baselines are vLLM with vllm_dflash installed**, so `none` and `ngram` already carry the plugin's CPU
-  changes (the model in the engine core, vLLM's n-gram thread fix, one-pass greedy verification). The next runs
-  measure against stock vLLM (the plugin not loaded).
+- Baselines: each table says whether `none` and `ngram` ran stock vLLM (the plugin not loaded; every run from
+  session 39 on) or vLLM with vllm_dflash installed (older runs, whose baselines carry the plugin's CPU changes).
 - The machines drift by 10-30 % within an hour: compare configurations within one table only. Above concurrency 1
   a lead of a few percent can flip between runs."""
 

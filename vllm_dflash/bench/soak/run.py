@@ -27,8 +27,8 @@ skips it); --rounds (2 quick, 3 full) identical seeded rounds of the mix (plan.p
 (--enable-log-requests) must account for every request the engine received.
 
 --preempt: a KV cache of only --kv-blocks blocks (default: max_model_len's worth plus PREEMPT_SPARE_BLOCKS), so the
-rounds force preemptions; the run must count some (vllm:num_preemptions). --lora (on by default; --no-lora: off): a tiny
-LoRA adapter (lora.py) is served and one greedy case goes through it. --features-check: instead of the soak, the served feature check against
+rounds force preemptions; the run must count some (vllm:num_preemptions). --lora (opt-in): a tiny LoRA adapter (lora.py) is
+served and one greedy case goes through it. --features-check: instead of the soak, the served feature check against
 stock vLLM (features.py).
 """
 from __future__ import annotations
@@ -415,9 +415,10 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
                         f"max_model_len / {KV_BLOCK_SIZE} + {PREEMPT_SPARE_BLOCKS})")
     p.add_argument("--no-restart", dest="restart", action="store_false",
                    help="skip the server restart under load")
-    p.add_argument("--lora", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--lora", action="store_true",
                    help="serve a tiny LoRA adapter made on the spot (lora.py) and send greedy cases through it "
-                        "(default: on; --no-lora: without)")
+                        "(off by default: with LoRA enabled a prompt_logprobs request ends the engine, "
+                        "dev/soak_notes.md)")
     p.add_argument("--features-check", action="store_true",
                    help="run the served feature check against stock vLLM instead of the soak (features.py)")
     p.add_argument("--target", default=None, help="--features-check: target folder (default: the soak's)")
