@@ -96,8 +96,8 @@ def test_eval_baselines_run_in_a_stock_child(tmp_path, monkeypatch):
 
 def test_own_f32_gemm_only_where_the_plugin_acts(monkeypatch):
     """Which bench rows compare against stock `none` through a different float32 GEMM (our AVX2 kernel): DFlash rows
-    with our drafter and the `+extras` rows, on CPUs where the kernel runs by default; never stock rows, never bf16,
-    never with DFLASH_CPU_GEMM_F32=off (the `@onednn` variants)."""
+    with our drafter and the `+extras` rows, on CPUs where the kernel runs by default; never stock rows or vLLM's
+    own DFlash drafter, never bf16, never with DFLASH_CPU_GEMM_F32=off (the `@onednn` variants)."""
     from vllm_dflash.bench import run as R
     from vllm_dflash.bench.configs import lookup
     from vllm_dflash.ops import gemm_f32
@@ -105,8 +105,9 @@ def test_own_f32_gemm_only_where_the_plugin_acts(monkeypatch):
     monkeypatch.setattr(gemm_f32, "gemm_f32_supported", lambda: True)
     import vllm_dflash.integration.patches.cpu_gemv as G
 
-    monkeypatch.setattr(G, "f32_rows", lambda v: 0 if str(v) in ("off", "0") else 1 << 30)
+    monkeypatch.setattr(G, "f32_rows", lambda v: 0 if v == 0 else 1 << 30)
     assert R.own_f32_gemm(lookup("ours"), "float32") and R.own_f32_gemm(lookup("none+extras"), "float32")
+    assert not R.own_f32_gemm(lookup("vllm-dflash"), "float32")  # vLLM's drafter: the plugin does not act
     assert not R.own_f32_gemm(lookup("none"), "float32") and not R.own_f32_gemm(lookup("ngram"), "float32")
     assert not R.own_f32_gemm(lookup("ours"), "bfloat16")
     assert not R.own_f32_gemm(lookup("ours@onednn"), "float32")

@@ -232,13 +232,10 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
 def _own_f32_gemm() -> bool:
     """Does a DFlash server on this machine run float32 linear layers on our GEMM (DFLASH_CPU_GEMM_F32)?"""
     from vllm_dflash import settings
-    from vllm_dflash.integration.patches.cpu_gemv import f32_rows
-    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
+    from vllm_dflash.integration.patches.cpu_gemv import runs_own_f32_gemm
 
-    try:
-        return gemm_f32_supported() and f32_rows(settings.process_setting("cpu_gemm_f32")) > 0
-    except Exception:  # noqa: BLE001 - a bad value: the server reports it
-        return False
+    got = settings.raw_env("cpu_gemm_f32")  # (variable, value) or None: the default
+    return runs_own_f32_gemm(got[1] if got else settings.PROCESS_FIELDS["cpu_gemm_f32"].default)
 
 
 def _measure(srv, sc: dict | None, items: list[dict], prompts: list[list[dict]], max_tokens: int, tok, dtype: str,

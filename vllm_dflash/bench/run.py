@@ -270,20 +270,14 @@ def own_f32_gemm(cfg: BenchConfig, dtype: str) -> bool:
     """Do this configuration's float32 linear layers run on our GEMM (DFLASH_CPU_GEMM_F32 on this CPU), while stock
     `none` runs oneDNN's? Only in a server where the plugin acts: a DFlash engine with our drafter, or the opt-in
     DFLASH_VLLM_EXTRAS=all."""
-    from vllm_dflash.integration.patches.cpu_gemv import f32_rows
-    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
+    from vllm_dflash.integration.patches.cpu_gemv import runs_own_f32_gemm
 
-    if cfg.stock or dtype != "float32" or not gemm_f32_supported():
+    if cfg.stock or dtype != "float32":
         return False
-    acts = (cfg.env.get("DFLASH_VLLM_EXTRAS") == "all"
-            or (cfg.method == "dflash" and cfg.spec_extra.get("drafter", "ours") == "ours"))
-    value = cfg.env.get("DFLASH_CPU_GEMM_F32", settings.PROCESS_FIELDS["cpu_gemm_f32"].default)
-    if str(value).lower() in ("off", "0"):
+    ours = cfg.env.get("DFLASH_DRAFTER", cfg.spec_extra.get("drafter", "ours")) == "ours"
+    if not (cfg.env.get("DFLASH_VLLM_EXTRAS") == "all" or (cfg.method == "dflash" and ours)):
         return False
-    try:
-        return acts and f32_rows(value) > 0
-    except ValueError:  # a bad value: the server refuses to start; nothing to compare
-        return False
+    return runs_own_f32_gemm(cfg.env.get("DFLASH_CPU_GEMM_F32", settings.PROCESS_FIELDS["cpu_gemm_f32"].default))
 
 
 def _exactness(server: Any, tokenizer: Any, items: list[dict[str, Any]], base: dict[str, Any],

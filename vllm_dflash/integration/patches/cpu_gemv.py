@@ -50,6 +50,20 @@ def f32_rows(value: int | str) -> int:
     return int(value)
 
 
+def runs_own_f32_gemm(value) -> bool:
+    """Does a cpu_gemm_f32 value (raw, e.g. an environment string, or parsed) put some float32 linear calls on our
+    GEMM on this CPU, where stock vLLM runs oneDNN's? A value that does not parse: False (the server reports it)."""
+    from vllm_dflash import settings
+    from vllm_dflash.config import DFlashConfigError
+    from vllm_dflash.ops.gemm_f32 import gemm_f32_supported
+
+    try:
+        rows = f32_rows(settings.parse_value("cpu_gemm_f32", value))
+    except DFlashConfigError:
+        return False
+    return rows > 0 and gemm_f32_supported()
+
+
 def _eligible(layer, utils_mod, ops_mod, dtype, supported) -> bool:
     """Would vLLM give this `dtype` layer to oneDNN (and can our kernel take it: `supported()`)? Mirrors
     dispatch_cpu_unquantized_gemm."""
