@@ -3,8 +3,9 @@
 
 Usage: python tests/support/vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
-overrides (sampling_list: one dict per prompt), llm_kwargs, lora (an adapter folder every request uses), expect_error (a substring: the LLM build must fail with
-it), patch (code run before the LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
+overrides (sampling_list: one dict per prompt), llm_kwargs, lora (an adapter folder every request uses; lora_list: one
+flag per prompt, which requests use it), expect_error (the LLM build must fail; its error is returned), generate_error
+(an error in generate is returned, not raised), patch (code run before the LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
 vLLM's import costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
 import gc
 import json
@@ -52,7 +53,14 @@ def run_one(spec: dict) -> dict:
         from vllm.lora.request import LoRARequest
 
         lora = LoRARequest("test-lora", 1, spec["lora"])
-    outs = llm.generate(prompts, sps, use_tqdm=False, lora_request=lora)
+        if spec.get("lora_list") is not None:
+            lora = [lora if use else None for use in spec["lora_list"]]
+    try:
+        outs = llm.generate(prompts, sps, use_tqdm=False, lora_request=lora)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        if not spec.get("generate_error"):
+            raise
+        return {"generate_error": f"{type(e).__name__}: {e}"}
     first = _spec_counters(llm)
     reps = []  # optional repeats in the same engine (warm prefix cache): tokens and spec counters per repeat
     for _ in range(spec.get("repeat", 0)):
@@ -78,6 +86,10 @@ def run_one(spec: dict) -> dict:
     if sp_args.get("logprobs"):  # per generated token: {token id: logprob} of the top `logprobs` (+ the chosen one)
         res["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs or []]
                            for o in outs]
+    if any(o.prompt_logprobs for o in outs):  # per prompt position: {token id: logprob} (None: the first position)
+        res["prompt_logprobs"] = [[None if pos is None else {str(t): lp.logprob for t, lp in pos.items()}
+                                   for pos in o.prompt_logprobs or []] for o in outs]
+    res["generate_error"] = None
     for k in spec.get("env", {}):
         os.environ.pop(k, None)
     del llm

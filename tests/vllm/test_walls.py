@@ -91,7 +91,7 @@ def test_opt_in_applies_the_patches_to_every_engine(level):
     out, log = _probe({"DFLASH_VLLM_EXTRAS": level})
     kinds = ("fix",) if level == "fixes" else ("fix", "speedup")
     want = [p.name for p in PATCHES if p.kind in kinds]
-    assert {"generator_rewind", "cpu_expand_kernel", "ray_cpu", "cpu_omp_threads"} <= set(want)
+    assert {"generator_rewind", "lora_prompt_logprobs", "cpu_expand_kernel", "ray_cpu", "cpu_omp_threads"} <= set(want)
     for name in ("none", "ngram", "eagle"):
         assert out[name]["applies"] == want and out[name]["applied"], (name, out[name])
         assert not out[name]["collector"] and out[name]["env"] == [], out[name]

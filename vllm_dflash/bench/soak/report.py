@@ -270,7 +270,7 @@ METHOD = """\
 real prompts (HumanEval as chat and as raw completion, held-out web-text chats): greedy and sampled (temperature,
 top-p, top-k, seeds, n=2), streaming and not, completions and chat, short and long `max_tokens`, stop strings; one
 greedy case per request feature (logprobs with top_logprobs, prompt_logprobs, presence / frequency penalties,
-repetition_penalty, a json_schema response format, a regex, min_tokens; a LoRA adapter with `--lora`), and sampled
+repetition_penalty, a json_schema response format, a regex, min_tokens; a LoRA adapter unless `--no-lora`), and sampled
 requests with penalties or logprobs; clients
 that disconnect mid-stream; requests abandoned by a client timeout; malformed requests (prompt longer than the
 context, `max_tokens` negative or above the context, negative temperature, top-p above 1, unknown model, broken JSON

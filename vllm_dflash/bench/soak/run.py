@@ -27,8 +27,9 @@ skips it); --rounds (2 quick, 3 full) identical seeded rounds of the mix (plan.p
 (--enable-log-requests) must account for every request the engine received.
 
 --preempt: a KV cache of only --kv-blocks blocks (default: max_model_len's worth plus PREEMPT_SPARE_BLOCKS), so the
-rounds force preemptions; the run must count some (vllm:num_preemptions). --lora (opt-in): a tiny LoRA adapter (lora.py) is
-served and one greedy case goes through it. --features-check: instead of the soak, the served feature check against
+rounds force preemptions; the run must count some (vllm:num_preemptions). LoRA (on unless --no-lora): the server runs
+with --enable-lora and a tiny adapter (lora.py); one greedy case goes through it, and every other case (prompt_logprobs
+included) runs on a LoRA-enabled engine. --features-check: instead of the soak, the served feature check against
 stock vLLM (features.py).
 """
 from __future__ import annotations
@@ -355,7 +356,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def server_args(a: argparse.Namespace, lora_dir: Path | None) -> list[str]:
-    """vllm serve flags of the soak's options: the small KV cache (--preempt) and the LoRA adapter (--lora)."""
+    """vllm serve flags of the soak's options: the small KV cache (--preempt) and the LoRA adapter (on unless --no-lora)."""
     out = []
     if a.kv_blocks:
         out += ["--block-size", str(KV_BLOCK_SIZE), "--num-gpu-blocks-override", str(a.kv_blocks)]
@@ -415,10 +416,9 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
                         f"max_model_len / {KV_BLOCK_SIZE} + {PREEMPT_SPARE_BLOCKS})")
     p.add_argument("--no-restart", dest="restart", action="store_false",
                    help="skip the server restart under load")
-    p.add_argument("--lora", action="store_true",
-                   help="serve a tiny LoRA adapter made on the spot (lora.py) and send greedy cases through it "
-                        "(off by default: with LoRA enabled a prompt_logprobs request ends the engine, "
-                        "dev/soak_notes.md)")
+    p.add_argument("--no-lora", dest="lora", action="store_false",
+                   help="serve without --enable-lora (default: a tiny LoRA adapter made on the spot, lora.py, with "
+                        "one greedy case through it)")
     p.add_argument("--features-check", action="store_true",
                    help="run the served feature check against stock vLLM instead of the soak (features.py)")
     p.add_argument("--target", default=None, help="--features-check: target folder (default: the soak's)")
