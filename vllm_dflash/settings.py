@@ -352,8 +352,9 @@ class ProcessSettings:
         spec_key=False,
         doc="Our vLLM patches for engines WITHOUT our DFlash drafter (no speculation, n-gram, EAGLE, vLLM's own "
             "drafter), process-wide. off: such engines run stock vLLM (the plugin only logs that it is inactive). "
-            "fixes: also our vLLM bug fixes (seeded chunked prefill on CPU, prompt_logprobs with LoRA on CPU, the "
-            "CPU expand kernel's temperatures, Ray on CPU, OpenMP threads after numba). all: fixes plus the CPU speed-ups (the model in the engine "
+            "fixes: also our vLLM bug fixes (seeded chunked prefill on CPU, LoRA on CPU: prompt_logprobs and base "
+            "requests batched with adapter requests, the compile cache on CPU, the CPU expand kernel's "
+            "temperatures, Ray on CPU, OpenMP threads after numba). all: fixes plus the CPU speed-ups (the model in the engine "
             "core, fp32 GEMM, oneDNN cache, plain sampling for draft-less steps, one-pass greedy verification, "
             "DFLASH_PROFILE). An engine with our drafter always gets all of them. A bad value is warned about and "
             "read as off.",

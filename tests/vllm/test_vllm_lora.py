@@ -50,35 +50,42 @@ def test_lora_drafts_are_accepted(results):
     assert counter(results["lora_ours"], "vllm:spec_decode_num_accepted_tokens") > 0
 
 
-# ---------------------------------------------------------------------------- prompt logprobs with LoRA enabled
-# vLLM's LoRA logits kernel maps rows to adapters per sampled row of the step; prompt logprobs run it over prompt
-# rows, so with two requests in a step (or any speculation) the engine dies (upstream vllm-project/vllm#16668). The
-# fix-kind patch integration/patches/lora_prompt_logprobs.py maps the prompt rows themselves. References: each
-# request alone in stock vLLM (one sampled row broadcasts, so the kernel is right there).
-PL_PROMPTS = [PROMPTS[1], PROMPTS[0]]  # the first goes through the adapter, the second through the base model
-PL_LORA = [True, False]
+# ---------------------------------------------------------------------------- LoRA batches: vLLM's CPU bugs
+# 1. vLLM's LoRA logits kernel maps rows to adapters per sampled row of the step; prompt logprobs run it over prompt
+#    rows, so with two requests in a step (or any speculation) the engine dies (upstream vllm-project/vllm#16668).
+#    Fixed by integration/patches/lora_prompt_logprobs.py.
+# 2. vLLM's CPU LoRA kernels select adapter weights with the row's slot index, and "no adapter" (-1) picks the last
+#    slot: with max_loras=1 (vLLM's default) base-model requests batched with an adapter request run through the
+#    adapter. Fixed by integration/patches/cpu_lora_no_adapter.py.
+# References: each request alone in stock vLLM (one sampled row broadcasts, and a step without an adapter request
+# skips the LoRA kernels, so both are right there).
+PL_PROMPTS = [PROMPTS[1], PROMPTS[0], PROMPTS[2]]  # the first goes through the adapter, the others the base model
+PL_LORA = [True, False, False]
 
 
-def _prompt_logprobs_run(pair, lora, prompts, lora_list, **extra):
+def _batch_run(pair, lora, prompts, lora_list, prompt_logprobs=2, **extra):
     return {"model": str(pair / "target"), "prompts": prompts, "max_tokens": 12, "lora": str(lora),
-            "lora_list": lora_list, "llm_kwargs": {"enable_lora": True, "max_lora_rank": 8, "max_loras": 2},
-            "sampling": {"prompt_logprobs": 2}, **extra}
+            "lora_list": lora_list, "llm_kwargs": {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1},
+            "sampling": {"prompt_logprobs": prompt_logprobs}, **extra}
 
 
 @pytest.fixture(scope="module")
-def logprob_runs(pair, tmp_path_factory):
+def batch_runs(pair, tmp_path_factory):
     from vllm_dflash.bench.soak.lora import make_lora
 
-    lora = make_lora(pair / "target", tmp_path_factory.mktemp("lora-pl") / "adapter", rank=4, seed=0, scale=0.5)
-    stock = [_prompt_logprobs_run(pair, lora, [p], [use]) for p, use in zip(PL_PROMPTS, PL_LORA)]
-    stock.append(_prompt_logprobs_run(pair, lora, PL_PROMPTS[:1], [False]))  # the adapter's prompt, base model
-    stock.append(_prompt_logprobs_run(pair, lora, PL_PROMPTS, PL_LORA, generate_error=True))
+    lora = make_lora(pair / "target", tmp_path_factory.mktemp("lora-batch") / "adapter", rank=4, seed=0, scale=0.5)
+    stock = [_batch_run(pair, lora, [p], [use]) for p, use in zip(PL_PROMPTS, PL_LORA)]
+    stock.append(_batch_run(pair, lora, PL_PROMPTS[:1], [False]))  # the adapter's prompt, base model
+    stock.append(_batch_run(pair, lora, PL_PROMPTS, PL_LORA, generate_error=True))
+    stock.append(_batch_run(pair, lora, PL_PROMPTS, PL_LORA, prompt_logprobs=None))
     alone = run_vllm(stock, env={"VLLM_PLUGINS": ""})
     spec = {"method": "dflash", "model": str(pair / "draft-b8")}
-    ours = run_vllm([_prompt_logprobs_run(pair, lora, PL_PROMPTS, PL_LORA),
-                     _prompt_logprobs_run(pair, lora, PL_PROMPTS, PL_LORA, speculative_config=spec)],
+    ours = run_vllm([_batch_run(pair, lora, PL_PROMPTS, PL_LORA),
+                     _batch_run(pair, lora, PL_PROMPTS, PL_LORA, speculative_config=spec)],
                     env={"DFLASH_VLLM_EXTRAS": "fixes"})
-    return {"alone": alone[:2], "base_first": alone[2], "stock_batch": alone[3], "fixes_batch": ours[0], "ours_batch": ours[1]}
+    n = len(PL_PROMPTS)
+    return {"alone": alone[:n], "base_first": alone[n], "stock_batch": alone[n + 1], "stock_mixed": alone[n + 2],
+            "fixes_batch": ours[0], "ours_batch": ours[1]}
 
 
 def _assert_same_prompt_logprobs(got: list, want: list) -> None:
@@ -92,20 +99,35 @@ def _assert_same_prompt_logprobs(got: list, want: list) -> None:
             assert g[t] == pytest.approx(w[t], abs=1e-4), f"position {pos}, token {t}"
 
 
-def test_stock_vllm_dies_on_prompt_logprobs_with_lora(logprob_runs):
-    """The patch is needed: stock vLLM 0.32 (plugin not loaded, no speculation) raises on the two-request batch."""
-    err = logprob_runs["stock_batch"]["generate_error"]
+def test_stock_vllm_dies_on_prompt_logprobs_with_lora(batch_runs):
+    """Bug 1 is vLLM's: stock vLLM 0.32 (plugin not loaded, no speculation) raises on the three-request batch."""
+    err = batch_runs["stock_batch"]["generate_error"]
     assert err and "einsum" in err, err
 
 
+def test_stock_vllm_applies_the_adapter_to_base_requests(batch_runs):
+    """Bug 2 is vLLM's: in stock vLLM's mixed batch (no prompt logprobs), a base-model request's greedy output
+    differs from the same request alone."""
+    mixed = batch_runs["stock_mixed"]["tokens"]
+    alone = [r["tokens"][0] for r in batch_runs["alone"]]
+    assert mixed[0] == alone[0]  # the adapter request itself is right
+    assert any(m != a for m, a in zip(mixed[1:], alone[1:])), "stock vLLM no longer leaks the adapter: drop the patch"
+
+
 @pytest.mark.parametrize("run", ["fixes_batch", "ours_batch"])
-def test_prompt_logprobs_with_lora_in_a_batch(logprob_runs, run):
-    """With the fix (our DFlash engine; or stock under DFLASH_VLLM_EXTRAS=fixes) the batch is served, and each
-    request's prompt logprobs and greedy tokens equal that request served alone by stock vLLM (float32)."""
-    res = logprob_runs[run]
+def test_prompt_logprobs_with_lora_in_a_batch(batch_runs, run):
+    """With the fixes (our DFlash engine; or stock under DFLASH_VLLM_EXTRAS=fixes) the batch is served, and each
+    request's prompt logprobs equal that request's served alone by stock vLLM (float32)."""
+    res = batch_runs[run]
     assert res["generate_error"] is None
-    for i, ref in enumerate(logprob_runs["alone"]):
+    for i, ref in enumerate(batch_runs["alone"]):
         _assert_same_prompt_logprobs(res["prompt_logprobs"][i], ref["prompt_logprobs"][0])
-        assert res["tokens"][i] == ref["tokens"][0]
     # the adapter reached the prompt logprobs (so rows mapped to no adapter would fail the equality above)
-    assert logprob_runs["base_first"]["prompt_logprobs"][0] != res["prompt_logprobs"][0]
+    assert batch_runs["base_first"]["prompt_logprobs"][0] != res["prompt_logprobs"][0]
+
+
+@pytest.mark.parametrize("run", ["fixes_batch", "ours_batch"])
+def test_base_requests_batched_with_an_adapter_request(batch_runs, run):
+    """With the fixes, every request of the mixed batch (one adapter request, two base-model requests) has the greedy
+    tokens of the same request served alone by stock vLLM (float32), with and without speculation."""
+    assert batch_runs[run]["tokens"] == [r["tokens"][0] for r in batch_runs["alone"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vllm_dflash.integration.contract_types import KINDS, SCOPES, Contract, Sig  # noqa: F401 (re-exported)
 from vllm_dflash.integration.contracts_ray import RAY_CONTRACTS
+from vllm_dflash.integration.contracts_fixes import FIX_CONTRACTS
 from vllm_dflash.integration.contracts_sampling import SAMPLING_CONTRACTS
 
 _ADAPTIVE_TEST = "tests/vllm/test_vllm_adaptive.py"
@@ -343,31 +344,7 @@ CONTRACTS: tuple[Contract, ...] = (
         "`self.input_batch`, `self.discard_request_mask.np`, `self.device`",
         attrs=("input_batch", "discard_request_mask", "device"), patch="generator_rewind",
         test="tests/vllm/test_vllm_patches.py::test_seeded_sampling_with_chunked_prefill"),
-    Contract(
-        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_prompt_logprobs_dict", "method",
-        "integration/patches/lora_prompt_logprobs.py",
-        "wrapped: while it runs, `self.model.compute_logits` on a slice of `hidden_states` gets the LoRA sampler "
-        "indices of those rows",
-        "it calls `self.model.compute_logits(hidden_states[offset : offset + n])` per request; we read "
-        "`self.num_prompt_logprobs`, `self.lora_config`, `self.model`",
-        params=("hidden_states", "num_scheduled_tokens"), exact=True,
-        attrs=("num_prompt_logprobs", "lora_config", "model"), source=("self.model.compute_logits(",),
-        patch="lora_prompt_logprobs",
-        test="tests/vllm/test_vllm_lora.py::test_prompt_logprobs_with_lora_in_a_batch"),
-    Contract(
-        "vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU", "class", "integration/patches/lora_prompt_logprobs.py",
-        "`_sampler_indices[:n]` and `indices_len[1]` set to `token_lora_indices` of the prompt rows, then restored",
-        "`add_lora_logits` maps logits rows to adapters by `sampler_indices` (`_sampler_indices[:indices_len[1]]`, "
-        "a buffer of max_num_batched_tokens); `token_lora_indices` holds the step's adapter slot per token, same "
-        "encoding (-1: none)",
-        attrs=("_sampler_indices", "indices_len", "token_lora_indices", "sampler_indices", "add_lora_logits"),
-        test="tests/vllm/test_vllm_lora.py::test_prompt_logprobs_with_lora_in_a_batch"),
-    Contract(
-        "vllm.lora.layers:LogitsProcessorWithLoRA", "class", "integration/patches/lora_prompt_logprobs.py",
-        "found among the model's modules; its `punica_wrapper` is the one remapped",
-        "the LoRA wrapper of the target's logits processor, holding the punica wrapper it applies",
-        attrs=("punica_wrapper",),
-        test="tests/vllm/test_vllm_lora.py::test_prompt_logprobs_with_lora_in_a_batch"),
+    *FIX_CONTRACTS,  # the vLLM bugs our fix-kind patches mend (integration/contracts_fixes.py)
     Contract(
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner", "class", "integration/patches/cpu_omp_threads.py",
         "`__init__` and `propose_draft_token_ids` wrapped: torch's intra-op thread count is put back to the count "

@@ -20,11 +20,12 @@ from __future__ import annotations
 import os
 
 from vllm_dflash import settings
-from vllm_dflash.integration.patches import (async_scheduling, cpu_expand_kernel, cpu_gemv, cpu_greedy_verify,
-                                             cpu_omp_threads, cpu_onednn_cache, cpu_plain_sample, cpu_sampled_verify,
-                                             cpu_uniproc, drafter_class, engine_config, generator_rewind,
-                                             lora_prompt_logprobs, observe_draft, profile_forward,
-                                             prometheus_registry, ray_cpu, speculative_config)
+from vllm_dflash.integration.patches import (aot_compile_load, async_scheduling, cpu_expand_kernel, cpu_gemv,
+                                             cpu_greedy_verify, cpu_lora_no_adapter, cpu_omp_threads,
+                                             cpu_onednn_cache, cpu_plain_sample, cpu_sampled_verify, cpu_uniproc,
+                                             drafter_class, engine_config, generator_rewind, lora_prompt_logprobs,
+                                             observe_draft, profile_forward, prometheus_registry, ray_cpu,
+                                             speculative_config)
 from vllm_dflash.integration.patches.base import Patch, UnsupportedVLLMError, extras
 from vllm_dflash.integration.patches.async_scheduling import overlap_wanted, use_adaptive_scheduler  # noqa: F401
 from vllm_dflash.integration.patches.speculative_config import keep_prefix_block  # noqa: F401
@@ -37,7 +38,8 @@ logger = get_logger(__name__)
 PATCHES: list[Patch] = [m.PATCH for m in (generator_rewind, drafter_class, speculative_config, observe_draft,
                                           cpu_expand_kernel, async_scheduling, cpu_uniproc, engine_config, ray_cpu,
                                           cpu_onednn_cache, cpu_gemv, cpu_omp_threads, cpu_plain_sample,
-                                          cpu_greedy_verify, cpu_sampled_verify, lora_prompt_logprobs, profile_forward,
+                                          cpu_greedy_verify, cpu_sampled_verify, lora_prompt_logprobs,
+                                          cpu_lora_no_adapter, aot_compile_load, profile_forward,
                                           prometheus_registry)]
 
 

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The pieces of the LoRA prompt-logprobs fix (integration/patches/lora_prompt_logprobs.py) that need no engine: where
-a slice of the step's hidden states starts, and the sampler indices set for its rows and put back afterwards. The
-served fix itself: tests/vllm/test_vllm_lora.py."""
+"""The pieces of the LoRA fixes that need no engine. The prompt-logprobs fix (integration/patches/lora_prompt_logprobs.py):
+where a slice of the step's hidden states starts, and the sampler indices set for its rows and put back afterwards.
+The no-adapter fix (integration/patches/cpu_lora_no_adapter.py): rows marked -1 contribute nothing. The served fixes:
+tests/vllm/test_vllm_lora.py."""
 import torch
 
+from vllm_dflash.integration.patches.cpu_lora_no_adapter import no_adapter_rows_zeroed
 from vllm_dflash.integration.patches.lora_prompt_logprobs import row_offset, rows_mapped
 
 
@@ -60,3 +62,26 @@ def test_rows_mapped_restores_after_an_error_and_skips_short_maps():
     assert w.sampler_indices.tolist() == [2]
     with rows_mapped([w], 2, 5):  # rows past the step's tokens: no map for them, left untouched
         assert w.sampler_indices.tolist() == [2]
+
+
+def _bgmv(inputs, weights, indices):
+    """vLLM's CPU kernel in miniature: each row times its adapter's weights (weights[-1]: the last slot)."""
+    return torch.einsum("bi, boi -> bo", inputs, weights[indices])
+
+
+def test_no_adapter_rows_contribute_nothing():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, generator=g)
+    w = torch.randn(1, 3, 6, generator=g)  # max_loras=1: slot 0 holds the adapter
+    idx = torch.tensor([0, -1, 0, -1])
+    leaky = _bgmv(x, w, idx)
+    assert leaky[1].abs().sum() > 0  # the bug: -1 selects the last slot, the adapter
+    fixed = _bgmv(no_adapter_rows_zeroed(x, idx), w, idx)
+    assert torch.equal(fixed[[1, 3]], torch.zeros(2, 3))
+    assert torch.equal(fixed[[0, 2]], leaky[[0, 2]])  # adapter rows untouched
+
+
+def test_no_adapter_rows_zeroed_broadcasts_one_index():
+    x = torch.randn(5, 6)
+    assert torch.equal(no_adapter_rows_zeroed(x, torch.tensor([-1])), torch.zeros(5, 6))
+    assert torch.equal(no_adapter_rows_zeroed(x, torch.tensor([0])), x)
