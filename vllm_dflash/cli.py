@@ -128,10 +128,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return run_from_args(a)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `vllm-dflash` parser with every sub-command (each sets `fn`, the function that runs it)."""
     from vllm_dflash.config import describe_known_mask_token_ids
 
-    _env_defaults()
     p = argparse.ArgumentParser(prog="vllm-dflash", description="DFlash speculative decoding for vLLM: "
                                 "prepare the target, collect data, train and evaluate drafts, demo, benchmark.",
                                 formatter_class=HelpFormatter)
@@ -322,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser("soak", "the soak test and the served feature check: `vllm-dflash soak [--quick] [--preempt] "
            "[--features-check] ...` (its own flags: `vllm-dflash soak --help`; docs/RELIABILITY.md)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _env_defaults()
+    p = build_parser()
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["soak"]:  # the soak's own command line (vllm_dflash/bench/soak/run.py)
         from vllm_dflash.bench.soak.run import main as soak_main
