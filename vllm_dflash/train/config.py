@@ -8,11 +8,14 @@ from dataclasses import dataclass
 
 @dataclass
 class TrainConfig:
-    lr: float = 6e-4
+    """The training settings and their defaults: `vllm-dflash train` and `run_train` take theirs from here (and the
+    help shows them). `BlockDiffusionTrainer(..., **overrides)` sets any field."""
+
+    lr: float = 6e-4  # peak; warm-up over warmup_ratio of the schedule, then cosine to 10 %
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    batch_size: int = 4
+    batch_size: int = 1  # sequences per optimizer step
     num_epochs: int = 1
     max_steps: int | None = None
     anchors_per_seq: int = 32
@@ -34,10 +37,10 @@ class TrainConfig:
     # the rest stay [anchor, MASK ..], so the draft still drafts without hints. The loss covers hinted slots too: the
     # draft learns to keep right hints, fix wrong ones and extend them.
     hint_prob: float = 0.75
-    eval_every: int = 200
-    ckpt_every: int = 100
+    eval_every: int = 1000  # held-out τ every this many steps (with an eval set)
+    ckpt_every: int = 500  # checkpoint every this many steps (with an out_dir)
     ckpt_minutes: float = 5.0  # also checkpoint when this long has passed since the last one
-    log_every: int = 10
+    log_every: int = 50  # a training row every this many steps
     seed: int = 0
     autocast_bf16: bool | None = None  # None: on when the device has fast bf16
     # fc sees features / per-dimension RMS (folded into fc at export). Off by default: on SmolLM2 it did not raise
