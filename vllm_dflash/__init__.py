@@ -34,7 +34,7 @@ _LAZY = {
     "ReferenceDecoder": "vllm_dflash.reference",
     "SamplingParams": "vllm_dflash.sampling",
     "BlockDiffusionTrainer": "vllm_dflash.train.trainer",
-    "TrainConfig": "vllm_dflash.train.trainer",
+    "TrainConfig": "vllm_dflash.train.config",
     "TrajectoryDataset": "vllm_dflash.train.data",
     "prepare_target": "vllm_dflash.target",
 }

@@ -128,10 +128,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return run_from_args(a)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `vllm-dflash` parser with every sub-command (each sets `fn`, the function that runs it)."""
     from vllm_dflash.config import describe_known_mask_token_ids
 
-    _env_defaults()
     p = argparse.ArgumentParser(prog="vllm-dflash", description="DFlash speculative decoding for vLLM: "
                                 "prepare the target, collect data, train and evaluate drafts, demo, benchmark.",
                                 formatter_class=HelpFormatter)
@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     s.set_defaults(fn=cmd_collect)
 
+    from vllm_dflash.train.config import TrainConfig
+
+    tc = TrainConfig()  # the training defaults (one place): the train options below show and pass these
     s = parser("train", "train (or resume) a DFlash draft on collected trajectories")
     s.add_argument("--data", required=True,
                    help="collection folder(s) (vllm-dflash collect --out), comma-separated; read again at every start")
@@ -198,33 +201,36 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--mask-token-id", type=int, default=None,
                    help="mask token (new runs; a resumed run keeps its own) (default: the known id for the target "
                         f"family [{known_masks}]; required for any other target)")
-    s.add_argument("--batch-size", type=int, default=1, help="sequences per optimizer step")
-    s.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence and step")
-    s.add_argument("--epochs", type=int, default=1, help="passes over the data")
-    s.add_argument("--max-steps", type=int, default=None,
+    s.add_argument("--batch-size", type=int, default=tc.batch_size, help="sequences per optimizer step")
+    s.add_argument("--anchors", type=int, default=tc.anchors_per_seq, help="anchor blocks per sequence and step")
+    s.add_argument("--epochs", type=int, default=tc.num_epochs, help="passes over the data")
+    s.add_argument("--max-steps", type=int, default=tc.max_steps,
                    help="total optimizer steps (the lr schedule's length; with --epochs, whichever ends first) "
                         "(default: --epochs alone)")
-    s.add_argument("--lr", type=float, default=6e-4, help="peak lr, 4%% warm-up, cosine to 10%%")
+    s.add_argument("--lr", type=float, default=tc.lr,
+                   help=f"peak lr, {tc.warmup_ratio * 100:g}%% warm-up, cosine to 10%%")
     s.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                    help="auto: bf16 autocast on GPUs and CPUs with avx512_bf16 / AMX, fp32 elsewhere")
     s.add_argument("--greedy-only", action=argparse.BooleanOptionalAction, default=True,
                    help="train on greedy (temperature 0) trajectories only; sampled ones are label noise for greedy "
                         "serving")
     s.add_argument("--max-len", type=int, default=640, help="tokens per sequence, prompt included")
-    s.add_argument("--eval-every", type=int, default=1000, help="held-out τ every this many steps")
-    s.add_argument("--ckpt-every", type=int, default=500, help="checkpoint every this many steps (and every 5 minutes)")
-    s.add_argument("--log-every", type=int, default=50, help="log a training row every this many steps")
-    s.add_argument("--run-steps", type=int, default=None,
+    s.add_argument("--eval-every", type=int, default=tc.eval_every, help="held-out τ every this many steps")
+    s.add_argument("--ckpt-every", type=int, default=tc.ckpt_every,
+                   help=f"checkpoint every this many steps (and every {tc.ckpt_minutes:g} minutes)")
+    s.add_argument("--log-every", type=int, default=tc.log_every, help="log a training row every this many steps")
+    s.add_argument("--run-steps", type=int, default=tc.run_steps,
                    help="stop after this many steps in this invocation (checkpointed; run again to resume) "
                         "(default: no limit)")
-    s.add_argument("--run-minutes", type=float, default=None,
+    s.add_argument("--run-minutes", type=float, default=tc.run_minutes,
                    help="stop after this many minutes in this invocation (checkpointed; run again to resume) "
                         "(default: no limit)")
     s.add_argument("--device", default="auto", help="auto (a CUDA GPU when torch sees one), cpu or cuda[:N]")
-    s.add_argument("--time-budget-minutes", type=float, default=None,
-                   help="fit the lr schedule to this much time: after 20 steps the schedule's length becomes the steps "
-                        "that fit at the measured rate, and the run stops when the time is spent (default: none)")
-    s.add_argument("--diffusion-steps", type=int, default=1, help="denoising passes per block")
+    s.add_argument("--time-budget-minutes", type=float, default=tc.time_budget_minutes,
+                   help=f"fit the lr schedule to this much time: after {tc.probe_steps} steps the schedule's length "
+                        "becomes the steps that fit at the measured rate, and the run stops when the time is spent "
+                        "(default: none)")
+    s.add_argument("--diffusion-steps", type=int, default=tc.diffusion_steps, help="denoising passes per block")
     s.add_argument("--feature-cache", default=None, help="cache target features on disk here (bf16, "
                    "num_features x hidden_size x 2 bytes per token) (default: no cache)")
     s.add_argument("--threads", type=int, default=None,
@@ -236,17 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--train-fraction", type=float, default=1.0,
                    help="train on this deterministic share of the training split (data-scaling runs; held-out set "
                         "unchanged)")
-    s.add_argument("--standardize-features", action="store_true",
+    s.add_argument("--standardize-features", action="store_true", default=tc.standardize_features,
                    help="fc sees per-dimension standardised features, folded into fc at export (new runs only; "
                         "no gain measured on SmolLM2)")
     s.add_argument("--hints", type=int, nargs=2, metavar=("MIN_N", "MAX_N"), default=None,
                    help="train a hinted draft: blocks [anchor, h1 .. hm, MASK ..] with the prompt-lookup continuation "
                         "(n-grams MIN_N..MAX_N, e.g. 2 4, as served) of each anchor's context (new runs and "
                         "--init-draft; stored in the draft's dflash_config.hint_ngram) (default: a plain draft)")
-    s.add_argument("--gamma", type=float, default=None,
+    s.add_argument("--gamma", type=float, default=tc.gamma,
                    help="loss weight decay over block slots, w_k = exp(-(k-1)/gamma) (default: the paper's, 4 for "
                         "block 8, 5 for 10, 7 for 16; smaller puts more weight on the first slots)")
-    s.add_argument("--hint-prob", type=float, default=0.75,
+    s.add_argument("--hint-prob", type=float, default=tc.hint_prob,
                    help="hinted drafts: share of blocks fed their hints where the lookup matches (the rest are plain)")
     s.set_defaults(fn=cmd_train)
 
@@ -322,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser("soak", "the soak test and the served feature check: `vllm-dflash soak [--quick] [--preempt] "
            "[--features-check] ...` (its own flags: `vllm-dflash soak --help`; docs/RELIABILITY.md)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _env_defaults()
+    p = build_parser()
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["soak"]:  # the soak's own command line (vllm_dflash/bench/soak/run.py)
         from vllm_dflash.bench.soak.run import main as soak_main

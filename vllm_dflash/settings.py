@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every vllm_dflash setting, defined once: name, type, default, allowed values, source, one-line doc.
 
-Two kinds (docs/CONFIGURATION.md is rendered from the tables below by `render_markdown()`):
+Two kinds (docs/CONFIGURATION.md is rendered from the tables below by `render_markdown()`, whose page text lives
+in configuration_doc.py; the value parsers the tables name live in setting_parsers.py):
 
 * Per-deployment settings (`DFlashSettings`): one value per engine (`LLM(...)` / `vllm serve`). The front end
   resolves them once, in the patched `EngineArgs.create_speculative_config`, with the precedence
@@ -20,11 +21,12 @@ from and the fix."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Mapping
 
+from vllm_dflash import configuration_doc
+from vllm_dflash import setting_parsers as parsers
 from vllm_dflash.config import DFlashConfigError
 
 ENV_PREFIX = "DFLASH_"
@@ -32,149 +34,7 @@ DEPRECATED_ENV_PREFIX = "VLLM_DFLASH_"  # the alias table: old name = this prefi
 ADDITIONAL_CONFIG_KEY = "dflash"  # VllmConfig.additional_config[ADDITIONAL_CONFIG_KEY] holds DFlashSettings
 
 
-# --------------------------------------------------------------------------- value parsers
-# Each takes a raw value (a JSON value from a config, or a string from the environment) and returns the
-# canonical value, or raises ValueError (the caller turns it into a DFlashConfigError naming the source).
-
-_TRUE = ("true", "1", "on", "yes")
-_FALSE = ("false", "0", "off", "no", "none")
-
-
-def _bool_or(raw: Any, words: tuple[str, ...], aliases: Mapping[str, Any] = {}) -> Any:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, int) and raw in (0, 1):
-        return bool(raw)
-    if isinstance(raw, str):
-        v = raw.strip().lower()
-        if v in _TRUE:
-            return True
-        if v in _FALSE:
-            return False
-        if v in aliases:
-            return aliases[v]
-        if v in words:
-            return v
-    raise ValueError
-
-
-def _adaptive(raw: Any) -> bool | str:
-    return _bool_or(raw, ("dflash", "ngram", "merged"), {"both": True})
-
-
-def _overlap(raw: Any) -> bool | str:
-    return _bool_or(raw, ("auto",))
-
-
-def _choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(raw: Any) -> str:
-        if isinstance(raw, str) and raw.strip().lower() in allowed:
-            return raw.strip().lower()
-        raise ValueError
-
-    return parse
-
-
-def _flag(raw: Any) -> bool:
-    v = _bool_or(raw, ())
-    if isinstance(v, bool):
-        return v
-    raise ValueError
-
-
-def _pos_int_or_none(raw: Any) -> int | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str) and raw.strip().lstrip("+").isdigit():
-        raw = int(raw)
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
-        return raw
-    raise ValueError
-
-
-def _float_where(ok: Callable[[float], bool]) -> Callable[[Any], float]:
-    """A parser of a number (or its text) for which ok(value) holds; booleans are not numbers here."""
-    def parse(raw: Any) -> float:
-        if isinstance(raw, str):
-            try:
-                raw = float(raw)
-            except ValueError:
-                raise ValueError from None
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and ok(float(raw)):
-            return float(raw)
-        raise ValueError
-    return parse
-
-
-_pos_float = _float_where(lambda v: v > 0.0)
-_unit_float = _float_where(lambda v: 0.0 < v <= 1.0)
-_speedup = _float_where(lambda v: math.isfinite(v) and v >= 1.0)  # a speed-up factor: a finite number >= 1
-
-
-def _text_or_none(raw: Any) -> str | None:
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return None
-    if isinstance(raw, str):
-        return raw.strip()
-    raise ValueError
-
-
-def _log_level(raw: Any) -> str:
-    return _choice("debug", "info", "warning", "error", "critical")(raw).upper()
-
-
-_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
-
-
-def _cpu_gemv(raw: Any) -> int | str:
-    """off / 0 -> 0; auto -> "auto"; an integer 1..16 -> that many rows."""
-    if isinstance(raw, str) and raw.strip().lower() == "auto":
-        return "auto"
-    if isinstance(raw, str) and raw.strip().lower() in _FALSE:
-        return 0
-    if isinstance(raw, str) and raw.strip().isdigit():
-        raw = int(raw)
-    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 16:
-        return raw
-    raise ValueError
-
-
-def _cpu_gemm_f32(raw: Any) -> int | str:
-    """off / 0 -> 0; auto -> "auto"; all -> "all"; an integer >= 1 -> that many rows."""
-    if isinstance(raw, str) and raw.strip().lower() in ("auto", "all"):
-        return raw.strip().lower()
-    if isinstance(raw, str) and raw.strip().lower() in _FALSE:
-        return 0
-    if isinstance(raw, str) and raw.strip().isdigit():
-        raw = int(raw)
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return raw
-    raise ValueError
-
-
-def _onednn_cache(raw: Any) -> int:
-    """off / 0 -> 0 (vLLM's own cache); an integer 32..8192 -> that many row counts."""
-    if isinstance(raw, str) and raw.strip().lower() in _FALSE:
-        return 0
-    if isinstance(raw, str) and raw.strip().isdigit():
-        raw = int(raw)
-    if isinstance(raw, int) and not isinstance(raw, bool) and (raw == 0 or 32 <= raw <= 8192):
-        return raw
-    raise ValueError
-
-
-def _dtype(raw: Any) -> str | None:
-    return None if _text_or_none(raw) is None else _choice(*_DTYPES)(raw)
-
-
 # --------------------------------------------------------------------------- the tables
-def _margin(raw: Any) -> float | str:
-    """The guard's margin: "noise", or a share >= 0."""
-    if isinstance(raw, str) and raw.strip().lower() == "noise":
-        return "noise"
-    return _float_where(lambda v: math.isfinite(v) and v >= 0)(raw)
-
-
 def _setting(default: Any, *, type: str, allowed: str, shown_default: str, doc: str, fix: str,
              parse: Callable[[Any], Any], spec_key: bool = True) -> Any:
     return field(default=default, metadata={"type": type, "allowed": allowed, "shown_default": shown_default,
@@ -188,21 +48,22 @@ class DFlashSettings:
 
     adaptive: bool | str = _setting(
         True, type="bool | str", allowed='true, false, "dflash", "ngram", "merged" ("both" = true)',
-        shown_default="true", parse=_adaptive,
+        shown_default="true", parse=parsers.adaptive,
         doc="Adaptive drafting: per request-step the DFlash block, a prompt-lookup proposal or the two merged "
             "(true), or one source only, and 0..k tokens from measured acceptance and step cost; false = the "
             "paper's fixed block (docs/ADAPTIVE.md).",
         fix="use true (DFlash, prompt lookup or the two merged), false, 'dflash', 'ngram' or 'merged'")
     diffusion_steps: int | None = _setting(
-        None, type="int", allowed="integer >= 1", shown_default="the draft's config.json (1)", parse=_pos_int_or_none,
+        None, type="int", allowed="integer >= 1", shown_default="the draft's config.json (1)",
+        parse=parsers.pos_int_or_none,
         doc="Denoising passes per draft block (keep the confident prefix, re-mask the rest, run the draft again).",
         fix="use an integer >= 1")
     confidence_threshold: float = _setting(
-        0.9, type="float", allowed="(0, 1]", shown_default="0.9", parse=_unit_float,
+        0.9, type="float", allowed="(0, 1]", shown_default="0.9", parse=parsers.unit_float,
         doc="With diffusion_steps > 1: a draft token is kept when its probability reaches this.",
         fix="use a number in (0, 1]")
     overlap: bool | str = _setting(
-        "auto", type="bool | str", allowed='"auto", true, false', shown_default='"auto"', parse=_overlap,
+        "auto", type="bool | str", allowed='"auto", true, false', shown_default='"auto"', parse=parsers.overlap,
         doc="Overlap (async) scheduling of our drafter, on every platform: auto = on for the fixed block (where "
             "vLLM allows it), off with adaptive drafting (logged); true = wherever vLLM allows it (adaptive then gets "
             "our AsyncScheduler); false = never. --no-async-scheduling always wins. Engines without our drafter keep "
@@ -210,14 +71,14 @@ class DFlashSettings:
         fix="use 'auto', true or false")
     kv_injection: str = _setting(
         "auto", type="str", allowed='"auto", "fused", "reference"', shown_default='"auto"',
-        parse=_choice("auto", "fused", "reference"),
+        parse=parsers.choice("auto", "fused", "reference"),
         doc="Context K/V injection path: auto = the fused csrc/ kernel when built (else the PyTorch reference, "
             "logged once; a worker's own DFLASH_KV_INJECTION may still pick the path at run time, as "
             "the kernel benchmark (vllm_dflash/bench/kernels.py) does); fused = the kernel or an error; reference = PyTorch "
             "(debugging, comparisons).",
         fix="use 'auto', 'fused' or 'reference'")
     guard_threshold: float = _setting(
-        1.3, type="float", allowed="number >= 1", shown_default="1.3", parse=_speedup,
+        1.3, type="float", allowed="number >= 1", shown_default="1.3", parse=parsers.speedup,
         doc="Adaptive drafting's guard: while the models forecast at least this speed-up over no speculation, it "
             "keeps speculating without spending steps on measuring 'no speculation'; below it, it measures both "
             "and runs the faster (a measured loss always wins). Lower trusts the forecast more (fewer steps without "
@@ -226,26 +87,26 @@ class DFlashSettings:
         fix="use a number >= 1, e.g. 1.3")
     guard_margin: float | str = _setting(
         "noise", type="str or float", allowed='"noise" or a number >= 0', shown_default='"noise"',
-        parse=_margin,
+        parse=parsers.margin,
         doc="Adaptive drafting's guard: how far the arm that is not the winner (speculation or none) must lead it "
             "to take over. noise = the spread between the two windows of the running arm around the comparison, "
             "at least 2 %; a number = that fixed share (0 = any lead, the behaviour before 0.2.0) (docs/ADAPTIVE.md).",
         fix="use 'noise' or a number >= 0, e.g. 0.05")
     guard_confirm: bool = _setting(
-        True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
+        True, type="bool", allowed="true, false", shown_default="true", parse=parsers.flag,
         doc="Adaptive drafting's guard: a comparison that would change the winner (speculation or none) is repeated "
             "at once, and the winner changes only if the mean of both says so; false = one comparison decides "
             "(the behaviour before 0.2.0) (docs/ADAPTIVE.md).",
         fix="use true or false")
     defer_injection: bool = _setting(
-        True, type="bool", allowed="true, false", shown_default="true", parse=_flag,
+        True, type="bool", allowed="true, false", shown_default="true", parse=parsers.flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "
             "call before the next draft forward (or at 4,096 held rows), instead of every step; the draft sees the "
             "same cache. false = inject every step.",
         fix="use true or false")
     draft_sampling: str = _setting(
         "auto", type="str", allowed='"auto", "greedy", "probabilistic"', shown_default='"auto"',
-        parse=_choice("auto", "greedy", "probabilistic"),
+        parse=parsers.choice("auto", "greedy", "probabilistic"),
         doc="How a sampled request (temperature > 0) drafts its DFlash tokens: auto = the block's first slot drawn "
             "from the draft's marginal at the request's temperature, top-k and top-p and that q handed to vLLM's "
             "rejection sampler (accepted with sum min(p, q) instead of p(x); lossless), later slots the argmax (their "
@@ -255,7 +116,7 @@ class DFlashSettings:
             "makes that an error.",
         fix="use 'auto', 'greedy' or 'probabilistic'")
     drafter: str = _setting(
-        "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=_choice("ours", "vllm"),
+        "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=parsers.choice("ours", "vllm"),
         doc="Which drafter serves method dflash: ours, or vLLM's built-in one on the same checkpoint (side-by-side "
             "comparisons; the other per-deployment settings then do nothing).",
         fix="use 'ours' (vllm_dflash's drafter) or 'vllm' (vLLM's built-in one)")
@@ -281,45 +142,45 @@ class ProcessSettings:
     """Process settings: environment variables only (read when used; no vLLM channel carries them)."""
 
     cache: str | None = _setting(
-        None, type="path", allowed="a folder", shown_default="~/.cache/vllm_dflash", parse=_text_or_none,
+        None, type="path", allowed="a folder", shown_default="~/.cache/vllm_dflash", parse=parsers.text_or_none,
         spec_key=False, doc="Where prepared models and data sets live (`vllm-dflash prepare`, benchmarks, demo).",
         fix="set it to a folder path")
     log_level: str = _setting(
-        "INFO", type="str", allowed="DEBUG, INFO, WARNING, ERROR, CRITICAL", shown_default="INFO", parse=_log_level,
-        spec_key=False, doc="Level of the vllm_dflash loggers.", fix="use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        "INFO", type="str", allowed="DEBUG, INFO, WARNING, ERROR, CRITICAL", shown_default="INFO",
+        parse=parsers.log_level, spec_key=False, doc="Level of the vllm_dflash loggers.", fix="use DEBUG, INFO, WARNING, ERROR or CRITICAL")
     metrics_dir: str | None = _setting(
         None, type="path", allowed="a folder", shown_default="a temporary folder made by the first process",
-        parse=_text_or_none, spec_key=False,
+        parse=parsers.text_or_none, spec_key=False,
         doc="The folder in which each server makes a private folder of its own (removed at exit) where its "
             "processes write their metrics snapshots for the API server's /metrics collector (default: the system's "
             "temporary folder). The server exports its folder here to the processes vLLM starts for it.",
         fix="set it to a writable folder path")
     profile: bool = _setting(
-        False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
+        False, type="bool", allowed="1 / 0", shown_default="0", parse=parsers.flag, spec_key=False,
         doc="Time every target forward into vllm_dflash:target_forward_seconds (CPU, eager or compiled; the serving "
             "benchmark sets it). Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all).", fix="use 1 or 0")
     trace: str | None = _setting(
-        None, type="path", allowed="a folder", shown_default="off", parse=_text_or_none, spec_key=False,
+        None, type="path", allowed="a folder", shown_default="off", parse=parsers.text_or_none, spec_key=False,
         doc="Adaptive drafting: write one JSON line per engine step (batch, query and produced tokens, the step's "
             "measured time, the guard's arm and rates, the plan's sources and lengths) to "
             "`<folder>/trace-<pid>.jsonl`, to see what the cost model and the guard decide on (docs/ADAPTIVE.md). "
             "A write error (full disk, folder removed) turns the trace off with one warning; serving goes on.",
         fix="set it to a writable folder path")
     trace_max_mb: float = _setting(
-        64.0, type="float", allowed="> 0 (MiB)", shown_default="64", parse=_pos_float, spec_key=False,
+        64.0, type="float", allowed="> 0 (MiB)", shown_default="64", parse=parsers.pos_float, spec_key=False,
         doc="With `trace`: the size at which a trace file is rotated (renamed to `trace-<pid>.jsonl.1`, replacing the "
             "one before), so a trace takes at most twice this on disk.",
         fix="use a number of MiB > 0")
     skip_version_check: bool = _setting(
-        False, type="bool", allowed="1 / 0", shown_default="0", parse=_flag, spec_key=False,
+        False, type="bool", allowed="1 / 0", shown_default="0", parse=parsers.flag, spec_key=False,
         doc="Apply the patches on a vLLM other than 0.32.x (at your own risk; docs/CONTRACTS.md).", fix="use 1 or 0")
     ray_pg_timeout: float = _setting(
-        300.0, type="float", allowed="> 0 (seconds)", shown_default="300", parse=_pos_float, spec_key=False,
+        300.0, type="float", allowed="> 0 (seconds)", shown_default="300", parse=parsers.pos_float, spec_key=False,
         doc="`--distributed-executor-backend ray` on CPU: how long the Ray executor waits for its placement group "
             "(one CPU bundle per tensor-parallel rank) before failing with a message (docs/TP.md).",
         fix="use a number of seconds > 0")
     cpu_gemv: int | str = _setting(
-        0, type="int | str", allowed="off (0), auto, or 1..16 (rows)", shown_default="off", parse=_cpu_gemv,
+        0, type="int | str", allowed="off (0), auto, or 1..16 (rows)", shown_default="off", parse=parsers.cpu_gemv,
         spec_key=False,
         doc="bf16 linear layers on CPUs with avx512_bf16 (target and draft): a call with at most this many rows "
             "runs on our skinny-GEMM kernel (csrc/gemv_cpu.cpp), larger ones on vLLM's oneDNN GEMM. `auto`: 8 rows "
@@ -330,7 +191,7 @@ class ProcessSettings:
         fix="use off, auto or a number of rows from 1 to 16")
     cpu_gemm_f32: int | str = _setting(
         "auto", type="int | str", allowed="off (0), auto, all, or a number of rows", shown_default="auto",
-        parse=_cpu_gemm_f32, spec_key=False,
+        parse=parsers.cpu_gemm_f32, spec_key=False,
         doc="float32 linear layers on CPU (target and draft): a call with at most this many rows runs on our AVX2 "
             "GEMM (csrc/gemm_f32_cpu.cpp), larger ones on vLLM's oneDNN GEMM; `all`: every call. Our kernel sums "
             "each output in one fixed order, so a row's result does not depend on the batch it is in. `auto`: `all` "
@@ -340,7 +201,7 @@ class ProcessSettings:
             "Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all).",
         fix="use off, auto, all or a number of rows >= 1")
     onednn_cache: int = _setting(
-        512, type="int", allowed="off (0) or 32..8192 (row counts)", shown_default="512", parse=_onednn_cache,
+        512, type="int", allowed="off (0) or 32..8192 (row counts)", shown_default="512", parse=parsers.onednn_cache,
         spec_key=False,
         doc="Row counts (M) for which vLLM's CPU oneDNN GEMM keeps a built primitive per weight shape (vLLM: 32). "
             "When a model loads, those of every decode step the engine can schedule (1 .. max_num_seqs x (1 + "
@@ -348,7 +209,7 @@ class ProcessSettings:
             "one mid-step. Engines with our drafter (others: DFLASH_VLLM_EXTRAS=all); `off` keeps vLLM's behaviour.",
         fix="use off or a number from 32 to 8192")
     vllm_extras: str = _setting(
-        "off", type="str", allowed="off, fixes, all", shown_default="off", parse=_choice("off", "fixes", "all"),
+        "off", type="str", allowed="off, fixes, all", shown_default="off", parse=parsers.choice("off", "fixes", "all"),
         spec_key=False,
         doc="Our vLLM patches for engines WITHOUT our DFlash drafter (no speculation, n-gram, EAGLE, vLLM's own "
             "drafter), process-wide. off: such engines run stock vLLM (the plugin only logs that it is inactive). "
@@ -360,10 +221,10 @@ class ProcessSettings:
             "read as off.",
         fix="use off, fixes or all")
     dtype: str | None = _setting(
-        None, type="str", allowed=", ".join(_DTYPES), shown_default="bfloat16 with a GPU or native CPU bf16, else "
-        "float32", parse=_dtype, spec_key=False,
+        None, type="str", allowed=", ".join(parsers.DTYPES),
+        shown_default="bfloat16 with a GPU or native CPU bf16, else float32", parse=parsers.dtype, spec_key=False,
         doc="Model dtype of the CLI, demo, benchmarks and evaluation (not of a plain `vllm serve`).",
-        fix=f"use one of {', '.join(_DTYPES)}")
+        fix=f"use one of {', '.join(parsers.DTYPES)}")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -506,80 +367,8 @@ def from_vllm_config(vllm_config: Any) -> DFlashSettings:
 
 
 # --------------------------------------------------------------------------- docs/CONFIGURATION.md
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def render_markdown() -> str:
     """docs/CONFIGURATION.md (tests/unit/test_settings.py checks the committed file equals this)."""
-    lines = [
-        "# Configuration",
-        "",
-        "<!-- Generated by vllm_dflash.settings.render_markdown(); do not edit by hand. Regenerate with:",
-        "     python -c \"from vllm_dflash.settings import render_markdown; print(render_markdown(), end='')\" "
-        "> docs/CONFIGURATION.md -->",
-        "",
-        "Every vllm_dflash setting is defined once, in `vllm_dflash/settings.py`; this page is rendered from it.",
-        "",
-        "## Per-deployment settings",
-        "",
-        "One value per engine (`LLM(...)` or `vllm serve`). Write them as speculative-config keys:",
-        "",
-        "```",
-        "vllm serve TARGET --speculative-config "
-        "'{\"method\": \"dflash\", \"model\": \"DRAFT\", \"adaptive\": true, \"diffusion_steps\": 2}'",
-        "```",
-        "",
-        f"Precedence: speculative-config key > `--additional-config '{{\"{ADDITIONAL_CONFIG_KEY}\": {{...}}}}'` > "
-        f"environment variable > default. The front end resolves them once and stores the result in vLLM's "
-        f"`VllmConfig.additional_config[\"{ADDITIONAL_CONFIG_KEY}\"]`, which reaches the engine core and every "
-        "worker with the rest of vLLM's config; nothing is written to the environment, so two `LLM(...)` in one "
-        "process do not share values. An environment variable only sets a default for engines started after it.",
-        "",
-        "| key | type | default | allowed | env var (default) | what it does |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, f in DEPLOYMENT_FIELDS.items():
-        m = f.metadata
-        lines.append(f"| `{name}` | {_cell(m['type'])} | {_cell(m['shown_default'])} | {_cell(m['allowed'])} | "
-                     f"`{env_name(name)}` | {_cell(m['doc'])} |")
-    lines += [
-        "",
-        "## Process settings (environment only)",
-        "",
-        "For what no vLLM config carries. Read when used, in every process that needs them (child processes "
-        "inherit the environment).",
-        "",
-        "| env var | type | default | allowed | what it does |",
-        "|---|---|---|---|---|",
-    ]
-    for name, f in PROCESS_FIELDS.items():
-        m = f.metadata
-        lines.append(f"| `{env_name(name)}` | {_cell(m['type'])} | {_cell(m['shown_default'])} | "
-                     f"{_cell(m['allowed'])} | {_cell(m['doc'])} |")
-    lines += [
-        "",
-        "## Which engines the plugin acts in",
-        "",
-        "Only engines configured for our DFlash drafter (`method: \"dflash\"`, `drafter` not `vllm`). Any other "
-        "engine (no speculation, n-gram, EAGLE, vLLM's own DFlash drafter) runs stock vLLM even with the plugin "
-        "installed: no patch acts, no `/metrics` family or `DFLASH_*` variable is added, and the plugin logs one line "
-        f"saying it is inactive (docs/CONTRACTS.md, \"The walls\"). `{env_name('vllm_extras')}=fixes` or `all` "
-        "opts every engine of the process in to our vLLM fixes, or the fixes and the CPU speed-ups (table above).",
-        "",
-        "To switch the plugin off entirely (no hook at all, vLLM's built-in DFlash drafter for `method: dflash`), "
-        "leave it out of vLLM's plugin list: `VLLM_PLUGINS=\"\"` (no general plugin), or `VLLM_PLUGINS` naming "
-        "the plugins you want without `vllm_dflash`; or uninstall `vllm-dflash`.",
-        "",
-        "## Deprecated names",
-        "",
-        f"Every environment variable above was named `{DEPRECATED_ENV_PREFIX}<NAME>` before (inside vLLM's `VLLM_` "
-        "namespace, which vLLM's environment check reports as unknown). The old names are still read for one "
-        "release when the new name is unset, with a one-time warning naming the new name; when both are set the "
-        "new one wins.",
-        "",
-        "Errors name the setting and its source (`speculative_config.adaptive`, "
-        f"`additional_config.{ADDITIONAL_CONFIG_KEY}.overlap`, `DFLASH_KV_INJECTION`, ...) and the fix.",
-        "",
-    ]
-    return "\n".join(lines)
+    return configuration_doc.render_markdown(DEPLOYMENT_FIELDS, PROCESS_FIELDS, env_name=env_name,
+                                             additional_key=ADDITIONAL_CONFIG_KEY,
+                                             deprecated_prefix=DEPRECATED_ENV_PREFIX)

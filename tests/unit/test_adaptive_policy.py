@@ -120,7 +120,7 @@ def test_planner_drafts_more_when_produced_tokens_carry_their_own_cost():
 def test_small_spd_solve_matches_lapack(n):
     """The cost model's LAPACK-free solve (Cholesky on the ridge normal equations) equals numpy.linalg.solve on
     badly scaled SPD systems like the fit's (columns 1, query tokens ~ 10-300, requests ~ 1-32, produced ~ 1-200)."""
-    from vllm_dflash.adaptive.policy import _solve_spd
+    from vllm_dflash.adaptive.step_cost import _solve_spd
 
     rng = np.random.default_rng(n)
     for _ in range(100):

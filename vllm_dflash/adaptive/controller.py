@@ -2,7 +2,7 @@
 """`AdaptiveController`: per step, per request, which proposal and how many of its tokens the target verifies
 (0 = no speculation for that request).
 
-Sources (`policy.SOURCES`): the DFlash block, the prompt-lookup continuation (adaptive/ngram.py), and the two merged:
+Sources (`acceptance.SOURCES`): the DFlash block, the prompt-lookup continuation (adaptive/ngram.py), and the two merged:
 the lookup's m tokens in slots 0..m-1, the DFlash block's tokens in slots m..k-1 (the block is drafted from the
 anchor as always, so its token j is its guess for slot j).
 
@@ -17,7 +17,8 @@ Each step has two halves around the draft forward, so the forward runs only when
      run).
 Every decision is counted in the metrics (request-steps, sources, lengths, accepted tokens per source, cost fit).
 Host-side by design (numpy on token lists). Under overlap scheduling the scheduler plans the lengths
-(adaptive/lengths.py) and this controller only picks each request's source.
+(adaptive/lengths.py) and this controller only picks each request's source. The pieces it steps: `StepPlan`
+(adaptive/step_plan.py), the source choice (adaptive/sources.py), the models, planner and guard (adaptive/policy.py).
 
 Tensor parallelism: every TP rank runs its own controller on the same tokens, but the step-cost model and the guard
 read the rank's own wall clock, so two ranks can plan differently; the draft forward holds collectives, so the ranks
@@ -30,14 +31,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_dflash.adaptive.acceptance import AcceptanceModel
+from vllm_dflash.adaptive.guard import SURE_SPEEDUP, SpeculationGuard, batch_bucket, guard_for
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import (SURE_SPEEDUP, AcceptanceModel, SpeculationGuard, SplitStepCost,
-                                         StepCostModel, batch_bucket, guard_for, plan_lengths, predicted_speedup,
-                                         publish_plan)
+from vllm_dflash.adaptive.policy import plan_lengths, predicted_speedup, publish_plan
+from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
+from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel
+from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, lookup_slots, uses_block  # noqa: F401 (re-exported)
 from vllm_dflash.adaptive.trace import open_trace
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
-PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
 
 
 @dataclass
@@ -46,89 +49,6 @@ class _Pending:
     tokens: np.ndarray
     source: str
     lookup: int = 0  # merged: how many of the tokens came from prompt lookup (slots 0..lookup-1)
-
-
-@dataclass
-class StepPlan:
-    """One step's decisions, made before the draft forward. Per request: its prompt-lookup continuation, the chosen
-    source ('none': no proposal) and how many tokens of it the target verifies (overlap: the proposal's length; the
-    scheduler decides how many are verified)."""
-
-    req_ids: list[str]
-    starts: list[int]  # len(history): the drafts predict history[start:]
-    lookups: list[np.ndarray]  # [<= k_max] each
-    sources: list[str]
-    ks: list[int]
-    run_block: bool | None = None  # adopted from another rank (`adopt`): whether the draft forward runs
-    # speculation is off here because no speculation was measured faster (not while 'off' is only being re-measured):
-    # the drafter drops this step's context rows instead of holding them (`AdaptiveController.context_dropped`)
-    drop_context: bool = False
-
-    def block_requests(self) -> list[int]:
-        """Positions (in this plan) of the requests that verify DFlash tokens: the draft forward's rows."""
-        return [j for j, (s, k, t) in enumerate(zip(self.sources, self.ks, self.lookups)) if _needs_block(s, k, t)]
-
-    def block_spans(self) -> list[tuple[int, int]]:
-        """Per request of `block_requests`, the block slots (lo, hi) it verifies: 0..k-1 for a DFlash proposal, the
-        slots after the lookup's tokens (m..k-1) for a merged one. The draft's argmax runs there alone."""
-        return [(_lookup_slots(s, t, k), k) for s, k, t in zip(self.sources, self.ks, self.lookups)
-                if _needs_block(s, k, t)]
-
-    def overlap_spans(self, k_max: int) -> list[tuple[int, int] | None]:
-        """Per request, the block slots (lo, hi) of its full-length proposal under overlap scheduling
-        (`propose_overlap`): 0..k_max-1 for a DFlash proposal, those after the lookup's tokens for a merged one, None
-        for the others (no DFlash token)."""
-        return [(_lookup_slots(s, t, k_max), k_max) if _needs_block(s, k_max, t) else None
-                for s, t in zip(self.sources, self.lookups)]
-
-    @property
-    def needs_block(self) -> bool:
-        """Does any request verify a DFlash token, i.e. must the draft forward run? (After `adopt`: the deciding
-        rank's answer, so every rank runs the forward, with its collectives, or none does.)"""
-        if self.run_block is not None:
-            return self.run_block
-        return any(_needs_block(s, k, t) for s, k, t in zip(self.sources, self.ks, self.lookups))
-
-    def encode(self) -> np.ndarray:
-        """The decisions as [2 * B + 1] int64: source codes (PLAN_SOURCES), lengths, then needs_block | 2 *
-        drop_context. B is the same on every TP rank (the batch is), so the size is known before the broadcast."""
-        out = np.empty(2 * len(self.sources) + 1, dtype=np.int64)
-        n = len(self.sources)
-        out[:n] = [PLAN_SOURCES.index(s) for s in self.sources]
-        out[n: 2 * n] = self.ks
-        out[2 * n] = int(self.needs_block) | (int(self.drop_context) << 1)
-        return out
-
-    def adopt(self, code: np.ndarray) -> "StepPlan":
-        """Take another rank's decisions (`encode` of its plan for the same requests) in place; the lookups stay this
-        rank's (pure functions of the same tokens). -> self."""
-        n = len(self.sources)
-        if len(code) != 2 * n + 1:
-            raise ValueError(f"plan code of length {len(code)} for {n} requests: the TP ranks disagree on the batch")
-        self.sources = [PLAN_SOURCES[int(c)] for c in code[:n]]
-        self.ks = [int(k) for k in code[n: 2 * n]]
-        self.run_block = bool(int(code[2 * n]) & 1)
-        self.drop_context = bool(int(code[2 * n]) & 2)
-        return self
-
-
-def _needs_block(source: str, k: int, lookup: np.ndarray) -> bool:
-    """Does verifying k tokens of this source use a DFlash token (so the draft forward must run)?"""
-    return (source == "dflash" and k > 0) or (source == "merged" and k > len(lookup))
-
-
-def _lookup_slots(source: str, lookup: np.ndarray, k: int) -> int:
-    """How many of a proposal's first k slots hold prompt-lookup tokens inside a merged proposal (0 otherwise)."""
-    return min(len(lookup), k) if source == "merged" else 0
-
-
-def merge(lookup: np.ndarray, block: np.ndarray | None, k: int) -> np.ndarray:
-    """The merged proposal: lookup: [m] prompt-lookup tokens, block: [>= k] DFlash tokens (None: not drafted).
-    -> [k]: lookup[j] in slots j < m, block[j] in slots m <= j < k (without a block: the lookup alone, [min(m, k)])."""
-    head = lookup[:k]
-    if block is None or len(head) == k:
-        return head
-    return np.concatenate([head, block[len(head): k]])
 
 
 class AdaptiveController:
@@ -276,7 +196,7 @@ class AdaptiveController:
         for block in (True, False) if self.mode != "ngram" else (False,):
             sources, gains = self._choose(table, m, block, fresh)
             ks = plan_lengths(gains, self.cost, extra_tokens=extra_tokens, token_cost=token_cost)
-            n_block = sum(_needs_block(s, k, t) for s, k, t in zip(sources, ks, lookups))  # requests using it
+            n_block = sum(uses_block(s, k, t) for s, k, t in zip(sources, ks, lookups))  # requests using it
             uses = n_block > 0
             fixed = self.block_cost(n_block if self.block_rows_only else B) if uses else 0.0
             plans.append((predicted_speedup(gains, ks, self.cost, extra_tokens, fixed, token_cost), sources, ks))
@@ -304,7 +224,7 @@ class AdaptiveController:
         for rid, src, k, t in zip(plan.req_ids, plan.sources, plan.ks, plan.lookups):
             if rid in self._stale:
                 continue
-            if _needs_block(src, k, t):
+            if uses_block(src, k, t):
                 self._idle[rid] = 0
                 continue
             n = self._idle[rid] = self._idle.get(rid, 0) + 1
@@ -347,8 +267,8 @@ class AdaptiveController:
                 out.append([])
                 self._count("proposals_none")
                 continue
-            toks = self._tokens(src, plan.lookups[i], block[i] if block is not None else None)[:k]
-            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, _lookup_slots(src, plan.lookups[i], k))
+            toks = proposal_tokens(src, plan.lookups[i], block[i] if block is not None else None, self.k_max)[:k]
+            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, lookup_slots(src, plan.lookups[i], k))
             out.append([int(t) for t in toks])
             self._count(f"proposals_{src}")
             self._count(f"drafted_tokens_{src}", k)
@@ -385,12 +305,12 @@ class AdaptiveController:
         for i, (rid, src) in enumerate(zip(plan.req_ids, plan.sources)):
             if src == "none":
                 continue
-            toks = self._tokens(src, plan.lookups[i], block[i] if block is not None else None)
+            toks = proposal_tokens(src, plan.lookups[i], block[i] if block is not None else None, self.k_max)
             if not len(toks):
                 continue
             out[i, : len(toks)] = toks
             out[i, len(toks):] = toks[-1]
-            self._pending[rid] = _Pending(0, out[i].copy(), src, _lookup_slots(src, plan.lookups[i], self.k_max))
+            self._pending[rid] = _Pending(0, out[i].copy(), src, lookup_slots(src, plan.lookups[i], self.k_max))
         return out
 
     def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> None:
@@ -421,68 +341,13 @@ class AdaptiveController:
         return prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
 
     def _gain_table(self, req_ids: list[str], m: np.ndarray) -> dict[str, np.ndarray]:
-        """P(i) (drafts 1..i all accepted) of every request's full-length proposal per source, [B, k_max] each, for
-        requests with m[r] lookup tokens: a merged proposal is prompt lookup's in its first m slots and the
-        block-after-lookup rates ('merged') after them. Only the sources this mode can propose."""
-        names = {"dflash": ("dflash",), "ngram": ("ngram",), "merged": ("ngram", "merged")}.get(
-            self.mode, ("dflash", "ngram", "merged"))
-        rates = {s: self.acceptance.rates_batch(req_ids, s) for s in names}
-        if "merged" in rates:
-            in_lookup = np.arange(self.k_max)[None, :] < m[:, None]  # [B, k_max]
-            rates["merged"] = np.where(in_lookup, rates["ngram"], rates["merged"])
-        return {s: np.cumprod(np.clip(r, 0.0, 1.0), axis=1) for s, r in rates.items()}
+        """`sources.gain_table` of this controller's mode: P(i) per source, [B, k_max] each."""
+        return gain_table(self.acceptance, self.mode, self.k_max, req_ids, m)
 
     def _choose(self, table: dict[str, np.ndarray], m: np.ndarray, block: bool = True,
                 fresh: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
-        """Per request, the candidate (`_candidates`: source and proposal length) with the largest expected accepted
-        length Σ P(i) (it depends only on the proposal's length, so the choice precedes the draft forward); the
-        first in candidate order on ties, 'none' when none expects any token. table: `_gain_table`; fresh: [B] bool,
-        False for a request whose draft context has holes (`context_dropped`): only candidates without DFlash tokens
-        for it. -> (sources, [B, k_max] P(i) of each chosen proposal, zero past its length and for 'none')."""
-        B, K = len(m), self.k_max
-        cands = self._candidates(block)
-        free = None  # where some request is stale: (source, length) of the candidates that need no draft forward
-        if fresh is not None and block and not fresh.all():
-            free_cands, have = self._candidates(False), {c[:2] for c in cands}
-            free = {c[:2] for c in free_cands}
-            cands = cands + [c for c in free_cands if c[:2] not in have]  # stale requests may take the lookup alone
-        if not cands:
-            return ["none"] * B, np.zeros((B, K))
-        slot = np.arange(K)[None, :]
-        gains, sums = [], []
-        for src, length, valid in cands:
-            n = {"k": np.full(B, K), "m": m}[length]
-            ok = valid(m)
-            if free is not None and (src, length) not in free:
-                ok = ok & fresh  # a proposal with DFlash tokens needs the request's whole draft context
-            g = np.where((slot < n[:, None]) & ok[:, None], table[src], 0.0)  # [B, K]
-            gains.append(g)
-            sums.append(np.where(ok, g.sum(axis=1), -1.0))
-        sums = np.stack(sums, axis=1)  # [B, candidates]
-        best = np.argmax(sums, axis=1)  # the first of equal candidates
-        chosen = sums[np.arange(B), best] > 0.0
-        names = [c[0] for c in cands]
-        sources = [names[b] if c else "none" for b, c in zip(best.tolist(), chosen.tolist())]
-        out = np.stack(gains, axis=1)[np.arange(B), best] * chosen[:, None]
-        return sources, out
-
-    def _candidates(self, block: bool = True) -> list[tuple]:
-        """(source, proposal length: 'k' = k_max or 'm' = the lookup's, which requests may propose it: m -> [B] bool)
-        in preference order. Under 'both' the merge is a candidate of its own only where it differs from both parts
-        (0 < m < k_max). block=False: only what needs no draft forward (the lookup's own tokens)."""
-        K = self.k_max
-        any_m, always = (lambda m: m > 0), (lambda m: np.ones(len(m), dtype=bool))
-        if not block:
-            if self.mode == "dflash":
-                return []
-            return [("ngram" if self.mode in ("both", "ngram") else "merged", "m", any_m)]
-        if self.mode == "dflash":
-            return [("dflash", "k", always)]
-        if self.mode == "ngram":
-            return [("ngram", "m", any_m)]
-        if self.mode == "merged":
-            return [("merged", "k", always)]
-        return [("dflash", "k", always), ("ngram", "m", any_m), ("merged", "k", lambda m: (m > 0) & (m < K))]
+        """`sources.choose` of this controller's mode: (sources, [B, k_max] P(i) of each chosen proposal)."""
+        return choose(table, m, self.mode, self.k_max, block, fresh)
 
     def _fresh(self, req_ids: list[str]) -> np.ndarray | None:
         """[B] bool: the request's draft context is whole (None: every request's is, the common case)."""
@@ -490,15 +355,6 @@ class AdaptiveController:
             return None
         return np.fromiter((r not in self._stale for r in req_ids), dtype=bool, count=len(req_ids))
 
-    def _tokens(self, src: str, lookup: np.ndarray, block: np.ndarray | None) -> np.ndarray:
-        """The full proposal of a source: [k_max] (prompt lookup alone: [m]). Without a block (only possible on a TP
-        rank whose own plan differed from the adopted one, which would be a bug; that rank's drafts are dropped) a
-        DFlash proposal is empty."""
-        if src == "dflash":
-            return block if block is not None else np.zeros(0, dtype=np.int64)
-        if src == "ngram":
-            return lookup
-        return merge(lookup, block, self.k_max)
 
     def _prune(self, req_ids: list[str]) -> None:
         """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""

@@ -25,9 +25,10 @@ import time
 
 import numpy as np
 
-from vllm_dflash.adaptive.policy import (SURE_SPEEDUP, AcceptanceModel, SpeculationGuard, StepCostModel, batch_bucket,
-                                         cumulative_acceptance, guard_for, plan_lengths, predicted_speedup,
-                                         publish_plan)
+from vllm_dflash.adaptive.acceptance import AcceptanceModel, cumulative_acceptance
+from vllm_dflash.adaptive.guard import SURE_SPEEDUP, SpeculationGuard, batch_bucket, guard_for
+from vllm_dflash.adaptive.policy import plan_lengths, predicted_speedup, publish_plan
+from vllm_dflash.adaptive.step_cost import StepCostModel
 
 ANY = "any"  # context when prompt lookup is not a source (adaptive "dflash")
 CONTEXTS = {"match": 0.7, "nomatch": 0.5, ANY: 0.6}  # priors, as the drafter's per-source ones

@@ -14,7 +14,7 @@ def export_draft(run: str | Path, out: str | Path, target: str | None = None) ->
 
     from vllm_dflash.model import DFlashDraftModel
     from vllm_dflash.target import resolve_target
-    from vllm_dflash.train.trainer import restore_feature_scale
+    from vllm_dflash.train.checkpoint import restore_feature_scale
 
     ckpt = Path(run) / "checkpoint"
     if not (ckpt / "config.json").is_file():

@@ -13,6 +13,7 @@ import torch
 # The known-targets table lives in vllm_dflash.config (the one place the library knows target families); both names
 # stay importable from here.
 from vllm_dflash.config import KNOWN_MASK_TOKEN_IDS, default_mask_token_id  # noqa: F401
+from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -99,17 +100,23 @@ def _heldout_for_run(held, out_dir: Path):
     return fixed
 
 
+_TRAIN = TrainConfig()  # run_train's training keywords default to TrainConfig's fields (one place for them)
+
+
 def run_train(*, data: str, out: str, target: str | None = None, num_layers: int | None = None, block_size: int = 8,
-              draft_vocab_size: int | None = 8192, mask_token_id: int | None = None, batch_size: int = 1,
-              num_epochs: int = 1, max_steps: int | None = None, lr: float = 6e-4, anchors_per_seq: int = 32,
-              max_len: int = 640, eval_every: int = 1000, ckpt_every: int = 500, log_every: int = 50,
-              diffusion_steps: int = 1, feature_cache: str | None = None, threads: int | None = None,
-              init_from_target: bool = False, init_draft: str | None = None, use_target_features: bool = True,
-              standardize_features: bool = False, train_fraction: float = 1.0, greedy_only: bool = True,
-              precision: str = "auto", run_steps: int | None = None, run_minutes: float | None = None,
-              device: str = "auto", time_budget_minutes: float | None = None,
-              hint_ngram: tuple[int, int] | None = None, hint_prob: float = 0.75,
-              gamma: float | None = None) -> dict[str, Any]:
+              draft_vocab_size: int | None = 8192, mask_token_id: int | None = None,
+              batch_size: int = _TRAIN.batch_size, num_epochs: int = _TRAIN.num_epochs,
+              max_steps: int | None = _TRAIN.max_steps, lr: float = _TRAIN.lr,
+              anchors_per_seq: int = _TRAIN.anchors_per_seq, max_len: int = 640, eval_every: int = _TRAIN.eval_every,
+              ckpt_every: int = _TRAIN.ckpt_every, log_every: int = _TRAIN.log_every,
+              diffusion_steps: int = _TRAIN.diffusion_steps, feature_cache: str | None = None,
+              threads: int | None = None, init_from_target: bool = False, init_draft: str | None = None,
+              use_target_features: bool = True, standardize_features: bool = _TRAIN.standardize_features,
+              train_fraction: float = 1.0, greedy_only: bool = True, precision: str = "auto",
+              run_steps: int | None = _TRAIN.run_steps, run_minutes: float | None = _TRAIN.run_minutes,
+              device: str = "auto", time_budget_minutes: float | None = _TRAIN.time_budget_minutes,
+              hint_ngram: tuple[int, int] | None = None, hint_prob: float = _TRAIN.hint_prob,
+              gamma: float | None = _TRAIN.gamma) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig

@@ -9,18 +9,17 @@ labels. Embedding and lm_head are the target's (frozen); a reduced draft vocabul
 output layer to the most frequent response tokens (saved with its d2t map, loadable by vLLM).
 
 Exact resume: data order and anchors derive from (seed, epoch, index); a checkpoint holds weights,
-optimizer, scheduler, RNG states, epoch and position, and is written atomically.
+optimizer, scheduler, RNG states, epoch and position, and is written atomically (train/checkpoint.py).
+Settings and their defaults: `TrainConfig` (train/config.py); held-out τ: train/evaluation.py.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
-import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,9 @@ import torch.nn.functional as F
 
 from vllm_dflash.adaptive.ngram import anchor_hints
 from vllm_dflash.model import DFlashDraftModel
-from vllm_dflash.reference import DecodeStats
+from vllm_dflash.train import checkpoint, evaluation
+from vllm_dflash.train.checkpoint import restore_feature_scale  # noqa: F401 (re-exported)
+from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.data import (TrajectoryDataset, block_attention_mask, loss_weights, sample_anchors)
 from vllm_dflash.train.features import TargetFeatures
 from vllm_dflash.utils import get_logger
@@ -38,55 +39,8 @@ from vllm_dflash.utils import get_logger
 logger = get_logger(__name__)
 
 
-@dataclass
-class TrainConfig:
-    lr: float = 6e-4
-    warmup_ratio: float = 0.04
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    batch_size: int = 4
-    num_epochs: int = 1
-    max_steps: int | None = None
-    anchors_per_seq: int = 32
-    gamma: float | None = None
-    run_steps: int | None = None  # stop (and checkpoint) after this many steps in this invocation; resume continues
-    run_minutes: float | None = None  # likewise after this much wall time
-    # fit the schedule to a time budget: after `probe_steps` steps the lr schedule's length becomes the steps that
-    # fit in this many minutes at the measured rate (evals and checkpoints reserve `budget_reserve` of it); the run
-    # also stops when the budget is spent. For a lent GPU or a fixed slot: the cosine decay then really ends.
-    time_budget_minutes: float | None = None
-    probe_steps: int = 20
-    budget_reserve: float = 0.15
-    # the rate right after start-up understates the steady one (a lent H200 ran 1,210 of a fitted 1,210 steps in 62 %
-    # of its budget), so the schedule is fitted once more when this share of the budget is spent
-    refit_fraction: float = 0.25
-    diffusion_steps: int = 1
-    reveal_prob: float = 0.5  # with diffusion_steps > 1: share of blocks with a revealed clean prefix
-    # hinted drafts (config.hint_ngram): share of blocks whose prompt-lookup hints are fed (where the lookup matches);
-    # the rest stay [anchor, MASK ..], so the draft still drafts without hints. The loss covers hinted slots too: the
-    # draft learns to keep right hints, fix wrong ones and extend them.
-    hint_prob: float = 0.75
-    eval_every: int = 200
-    ckpt_every: int = 100
-    ckpt_minutes: float = 5.0  # also checkpoint when this long has passed since the last one
-    log_every: int = 10
-    seed: int = 0
-    autocast_bf16: bool | None = None  # None: on when the device has fast bf16
-    # fc sees features / per-dimension RMS (folded into fc at export). Off by default: on SmolLM2 it did not raise
-    # held-out τ over the full 1,188-step schedule (dev/LOG.md, session 4)
-    standardize_features: bool = False
-    standardize_sequences: int = 64  # sequences the RMS is measured on (new runs only)
-
-
 def _seed_of(*parts: Any) -> int:
     return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:12], 16)
-
-
-def restore_feature_scale(draft: DFlashDraftModel, state: dict[str, Any]) -> None:
-    """A training checkpoint keeps fc unfolded and the feature standardisation in its trainer state: put it back
-    on the draft (so fuse() and an export's fold see it)."""
-    if "feature_inv_scale" in state:
-        draft.feature_inv_scale.copy_(torch.tensor(state["feature_inv_scale"]))
 
 
 class BlockDiffusionTrainer:
@@ -390,150 +344,34 @@ class BlockDiffusionTrainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self, eval_dataset: TrajectoryDataset, estimate_speedup: bool = True) -> dict[str, Any]:
-        """Teacher-forced replay of the greedy loop on greedy target trajectories: exact τ for those contexts.
-
-        All anchor positions of a sequence are drafted in one batched forward (blocks are independent under
-        the block mask); the loop's walk (anchor -> accept a -> next anchor at +a+1) is then replayed. The headline
-        τ is the draft as served (a hinted draft fed its hints). `tokens_per_forward` replays every drafting
-        method on the same trajectories, as generated tokens / target forwards (a step without a proposal counts
-        1): dflash (the block fed MASK only), lookup (prompt lookup alone, up to B-1 tokens), merged (lookup tokens
-        first, the plain block after them), and for a hinted draft hinted (its block fed the hints) and
-        hinted_merged (lookup tokens first, the hinted block after them)."""
-        d, B = self.draft, self.block_size
-        d.eval()
-        stats = DecodeStats(block_size=B)
-        ngram = d.config.hint_ngram or (2, 4)  # the lookup of a hinted draft, else the serving default
-        methods = ["dflash", "lookup", "merged"] + (["hinted", "hinted_merged"] if d.config.hint_ngram else [])
-        tokens = dict.fromkeys(methods, 0)
-        steps = dict.fromkeys(methods, 0)
-        slot1_misses = slot1_second = 0  # r: the share of slot-1 misses the draft's second choice would catch
-        for s in eval_dataset.items:
-            L = len(s.tokens)
-            if L - s.prompt_len < 2:
-                continue
-            anchors = torch.arange(s.prompt_len, L - 1)
-            hints = torch.from_numpy(anchor_hints(np.asarray(s.tokens), anchors.numpy(), B - 1, *ngram))
-            plain, second = self._draft_all(s, anchors, second_choice=True)  # [A, B-1] target ids each
-            rows = {"dflash": plain, "lookup": hints, "merged": torch.where(hints >= 0, hints, plain)}
-            if d.config.hint_ngram:
-                hinted = self._draft_all(s, anchors, hints)
-                rows.update(hinted=hinted, hinted_merged=torch.where(hints >= 0, hints, hinted))
-            toks = torch.tensor(s.tokens + (0,) * B)
-            for name in methods:
-                served = name == ("hinted" if d.config.hint_ngram else "dflash")
-                p = s.prompt_len
-                while p <= L - 2:
-                    row = rows[name][p - s.prompt_len]
-                    match = (row == toks[p + 1: p + B]).long()
-                    match[L - 1 - p:] = 0  # past the trajectory's end
-                    a = int(torch.cumprod(match, 0).sum())
-                    if served:
-                        stats.record(B - 1, a)
-                    if name == "dflash" and a == 0:  # a slot-1 miss of the plain block
-                        slot1_misses += 1
-                        slot1_second += int(second[p - s.prompt_len, 0] == toks[p + 1])
-                    tokens[name] += a + 1
-                    steps[name] += 1
-                    p += a + 1
-        d.train()
-        out = {"acceptance_length": stats.acceptance_length, "per_position_acceptance": stats.per_position_acceptance,
-               "histogram": stats.histogram, "num_steps": stats.num_steps,
-               "tokens_per_forward": {m: tokens[m] / max(steps[m], 1) for m in methods},
-               "slot1_second_choice": {"misses": slot1_misses, "caught": slot1_second,
-                                       "r": slot1_second / max(slot1_misses, 1)}}
+        """Teacher-forced replay of the greedy loop on greedy target trajectories: exact τ for those contexts, and
+        tokens per target forward of every drafting method (`evaluation.evaluate_draft`); estimate_speedup: also
+        the reference-loop speed-up that τ implies on this device (`estimate_speedup`)."""
+        out = evaluation.evaluate_draft(self.draft, self.block_size, eval_dataset, self._draft_all)
         if estimate_speedup:
-            out.update(self.estimate_speedup(stats.acceptance_length))
+            out.update(self.estimate_speedup(out["acceptance_length"]))
         return out
 
     def _draft_all(self, s, anchors: torch.Tensor, hints: torch.Tensor | None = None, chunk: int = 64,
                    second_choice: bool = False):
-        """Greedy draft blocks at every anchor of sequence s -> [A, B-1] target ids. hints [A, B-1] (-1 = none): fed
-        into the blocks ([anchor, h1 .. hm, MASK ..]) as a hinted draft sees them in serving. second_choice: also
-        the draft's second most likely token at each slot -> ([A, B-1], [A, B-1])."""
-        d, B, dev = self.draft, self.block_size, self.device
-        feats = self.features([s], dev, torch.float32)
-        S = feats.shape[1]
-        ctx_kv = d.context_kv(d.fuse(feats), torch.arange(S, device=dev)[None])
-        toks = torch.tensor(s.tokens)
-        outs, seconds = [], []
-        for c in range(0, len(anchors), chunk):
-            a = anchors[c: c + chunk]
-            A = len(a)
-            ids = torch.full((1, A, B), d.config.mask_token_id, dtype=torch.long)
-            ids[0, :, 0] = toks[a]
-            if hints is not None:
-                h = hints[c: c + chunk]
-                ids[0, :, 1:] = torch.where(h >= 0, h, ids[0, :, 1:])
-            pos = (a[:, None] + torch.arange(B)).view(1, -1)
-            mask = block_attention_mask(a, S, B)[None]
-            h = d(d.embed(ids.view(1, -1).to(dev)), pos.to(dev), ctx_kv, mask.to(dev)).view(A, B, -1)[:, 1:]
-            top = d.logits(h).topk(2, dim=-1).indices  # [A, B-1, 2] draft-vocabulary ids
-            outs.append(d.draft_to_target[top[..., 0]].cpu())
-            seconds.append(d.draft_to_target[top[..., 1]].cpu())
-        return (torch.cat(outs), torch.cat(seconds)) if second_choice else torch.cat(outs)
+        """Greedy draft blocks at every anchor of sequence s (`evaluation.draft_all_anchors`)."""
+        return evaluation.draft_all_anchors(self.draft, self.features, self.block_size, self.device, s, anchors, hints,
+                                            chunk, second_choice)
 
     def estimate_speedup(self, tau: float, context: int = 256, reps: int = 3) -> dict[str, float]:
-        """Reference-loop speedup implied by τ: τ·t(target, 1 token) / (t(target, B tokens) + t(draft block))."""
-        from transformers import DynamicCache
+        """Reference-loop speedup implied by τ (`evaluation.estimate_speedup`)."""
+        return evaluation.estimate_speedup(self.draft, self.target, self.block_size, self.device, tau, context, reps)
 
-        dev, B = self.device, self.block_size
-
-        def timed(fn) -> float:
-            fn()
-            t = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t) / reps
-
-        ids = torch.randint(0, self.draft.config.vocab_size, (1, context), device=dev)
-        with torch.no_grad():
-            cache = DynamicCache(config=self.target.config)
-            self.target(input_ids=ids, past_key_values=cache, use_cache=True)
-
-            def target_step(n):
-                def f():
-                    self.target(input_ids=ids[:, :n], past_key_values=cache, use_cache=True)
-                    cache.crop(-n)
-                return f
-
-            t1, tB = timed(target_step(1)), timed(target_step(B))
-            ctx_kv = self.draft.context_kv(torch.zeros(1, context, self.draft.config.hidden_size, device=dev),
-                                           torch.arange(context, device=dev)[None])
-            td = timed(lambda: self.draft.draft_block(ids[0, :1], torch.tensor([context], device=dev), ctx_kv, block_size=B))
-        return {"speedup": tau * t1 / (tB + td), "t_target_1": t1, "t_target_block": tB, "t_draft": td}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
-        path = Path(path) if path else self.out_dir / "checkpoint"
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.draft.save_pretrained(tmp, dtype=torch.float32, fold_feature_scale=False)
-        torch.save({"optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                    "state": self.state, "config": asdict(self.cfg),
-                    "rng": {"torch": torch.get_rng_state()}}, tmp / "trainer_state.pt")
-        old = path.with_name(path.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-        return path
+        """Write the checkpoint folder (default: <out_dir>/checkpoint), atomically (train/checkpoint.py)."""
+        return checkpoint.save_checkpoint(Path(path) if path else self.out_dir / "checkpoint", self.draft,
+                                          self.optimizer, self.scheduler, self.state, asdict(self.cfg))
 
     def load_checkpoint(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        sd = load_file(str(path / "model.safetensors"))
-        sd = {k: v for k, v in sd.items() if k not in ("lm_head.weight", "d2t")}
-        self.draft.load_state_dict({k: v.to(self.device) for k, v in sd.items()}, strict=False)
-        st = torch.load(path / "trainer_state.pt", weights_only=True)  # tensors and plain data only: runs no code
-        self.optimizer.load_state_dict(st["optimizer"])
-        if self.scheduler is not None and st["scheduler"] is not None:
-            self.scheduler.load_state_dict(st["scheduler"])
-        self.state = st["state"]
-        restore_feature_scale(self.draft, self.state)
-        torch.set_rng_state(st["rng"]["torch"])
+        """Resume from a checkpoint folder: weights, optimizer, scheduler, RNG and trainer state."""
+        self.state = checkpoint.load_checkpoint(path, self.draft, self.optimizer, self.scheduler, self.device)
 
     def export(self, path: str | Path) -> Path:
         """The draft in serving format (bf16 safetensors + config.json)."""
