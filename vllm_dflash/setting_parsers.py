@@ -82,6 +82,7 @@ def float_where(ok: Callable[[float], bool]) -> Callable[[Any], float]:
 pos_float = float_where(lambda v: v > 0.0)
 unit_float = float_where(lambda v: 0.0 < v <= 1.0)
 speedup = float_where(lambda v: math.isfinite(v) and v >= 1.0)  # a speed-up factor: a finite number >= 1
+non_negative = float_where(lambda v: math.isfinite(v) and v >= 0.0)
 
 
 def text_or_none(raw: Any) -> str | None:

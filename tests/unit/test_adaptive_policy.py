@@ -174,6 +174,48 @@ def test_acceptance_model_tracks_a_request():
     assert a.rates("new", "dflash")[0] == pytest.approx(0.5)  # untouched source keeps its prior
 
 
+def test_reexploration_fades_an_idle_request_back_to_the_global_rate():
+    """Setting reexplore_steps: a request whose drafts failed is judged by its own record only while that record is
+    fresh; each step it verifies no draft of the source fades the record (half-life in steps), so its rate returns to
+    the global one and the planner tries it again. Without it (idle_decay 1) the record never changes."""
+    for idle_decay, back in ((0.5 ** (1 / 8), True), (1.0, False)):
+        a = AcceptanceModel(4, prior={"dflash": 0.6, "ngram": 0.5}, idle_decay=idle_decay)
+        for _ in range(6):
+            a.tick()
+            a.observe("bad", "dflash", 4, 0)
+            a.observe("busy", "dflash", 4, 0)
+        low = a.rates("bad", "dflash")[0]
+        assert low < 0.5 * a.global_rates("dflash")[0]
+        for _ in range(80):  # "busy" keeps verifying (its record stays its own); "bad" drafts nothing
+            a.tick()
+            a.observe("busy", "dflash", 4, 0)
+        g = a.global_rates("dflash")[0]
+        if back:
+            assert a.rates("bad", "dflash")[0] == pytest.approx(g, rel=0.05)
+            assert a.rates_batch(["bad"], "dflash")[0, 0] == pytest.approx(a.rates("bad", "dflash")[0])
+        else:
+            assert a.rates("bad", "dflash")[0] < 0.5 * g
+        assert a.rates("busy", "dflash")[0] < 0.5 * g  # observed every step: never faded
+
+
+def test_reexploration_keeps_one_idle_step_unfaded():
+    """The step right after an observation reads the record as it was (a request that drafts every step is never
+    faded), and an observation after idle steps builds on the faded record."""
+    a = AcceptanceModel(4, prior={"dflash": 0.6}, idle_decay=0.5)
+    a.tick()
+    a.observe("r", "dflash", 4, 0)
+    before = a.rates("r", "dflash").copy()
+    a.tick()
+    assert np.allclose(a.rates("r", "dflash"), before)
+    a.tick()
+    a.tick()  # two steps with no observation past the first: the record is faded by 0.5 ** 2
+    acc, att = a.req["r"]["dflash"]
+    own_att = a._own("r", "dflash")[1]
+    assert np.allclose(own_att, att * 0.25)
+    a.observe("r", "dflash", 4, 4)
+    assert np.allclose(a.req["r"]["dflash"][1], own_att * a.request_decay + 1.0)
+
+
 class _Clock:
     def __init__(self):
         self.t = 0.0

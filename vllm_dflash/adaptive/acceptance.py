@@ -21,12 +21,20 @@ class AcceptanceModel:
     Two pools of global counts: greedy requests (`acc` / `att`) and sampled ones (`acc_sampled` / `att_sampled`,
     requests marked with `mark_sampled`). Under sampling a draft is accepted with sum min(p, q) (one-hot q: p(x)),
     far from the greedy rate either way, so a sampled request starts from (and is shrunk to) the rates measured on
-    sampled requests, never the greedy ones."""
+    sampled requests, never the greedy ones.
+
+    Re-exploration (`idle_decay` < 1): a request's own counts of a source also fade by `idle_decay` per step
+    (`tick`) in which it did not verify that source, so a request whose drafts stopped paying drifts back to the
+    global rate and is tried again, instead of being judged forever by its last few attempts (the planner never
+    picks a source that does not pay, so without this its evidence never changes). 1: never."""
 
     def __init__(self, k_max: int, prior: dict[str, float] | None = None, decay: float = 0.995,
-                 request_decay: float = 0.8, prior_weight: float = 2.0):
+                 request_decay: float = 0.8, prior_weight: float = 2.0, idle_decay: float = 1.0):
         self.k_max = k_max
         self.decay, self.request_decay, self.prior_weight = decay, request_decay, prior_weight
+        self.idle_decay = idle_decay
+        self.step = 0  # planning steps so far (`tick`)
+        self.seen_at: dict[str, dict[str, int]] = {}  # request -> source -> step of its last observation
         prior = prior or {"dflash": 0.5, "ngram": 0.7, "merged": 0.7}  # optimistic start: every source gets tried
         self.acc = {s: np.full(k_max, p * 8.0) for s, p in prior.items()}  # 8 pseudo observations each
         self.att = {s: np.full(k_max, 8.0) for s in prior}
@@ -46,13 +54,29 @@ class AcceptanceModel:
     def _pool(self, sampled: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return (self.acc_sampled, self.att_sampled) if sampled else (self.acc, self.att)
 
+    def tick(self) -> None:
+        """One planning step has passed (the clock of re-exploration)."""
+        self.step += 1
+
+    def _own(self, req_id: str, source: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A request's own (accepted, attempts) counts of a source [k_max] each, faded by the steps it has not
+        verified the source since (`idle_decay`); None: never observed."""
+        mine = self.req.get(req_id, {}).get(source)
+        if mine is None or self.idle_decay >= 1.0:
+            return mine
+        idle = self.step - self.seen_at[req_id][source]
+        if idle <= 1:  # verified in the step just scored (or this one): no fading
+            return mine
+        f = self.idle_decay ** (idle - 1)
+        return mine[0] * f, mine[1] * f
+
     def global_rates(self, source: str, sampled: bool = False) -> np.ndarray:  # [k_max]
         acc, att = self._pool(sampled)
         return acc[source] / np.maximum(att[source], 1e-9)
 
     def rates(self, req_id: str, source: str) -> np.ndarray:  # [k_max]
         g = self.global_rates(source, req_id in self.sampled)
-        mine = self.req.get(req_id, {}).get(source)
+        mine = self._own(req_id, source)
         if mine is None:
             return g
         return self._blend(*mine, g)
@@ -71,8 +95,7 @@ class AcceptanceModel:
         own = np.zeros((len(req_ids), 2, self.k_max))  # [B, (accepted, attempts), k_max]
         has = np.zeros(len(req_ids), dtype=bool)
         for i, rid in enumerate(req_ids):
-            mine = self.req.get(rid)
-            mine = mine.get(source) if mine is not None else None
+            mine = self._own(rid, source)
             if mine is not None:
                 own[i, 0], own[i, 1] = mine
                 has[i] = True
@@ -93,12 +116,13 @@ class AcceptanceModel:
         acc, att = self._pool(req_id in self.sampled)
         acc[source] = acc[source] * self.decay + hit
         att[source] = att[source] * self.decay + seen
-        per = self.req.setdefault(req_id, {})
-        a, n = per.get(source, (np.zeros(self.k_max), np.zeros(self.k_max)))
-        per[source] = (a * self.request_decay + hit, n * self.request_decay + seen)
+        a, n = self._own(req_id, source) or (np.zeros(self.k_max), np.zeros(self.k_max))
+        self.req.setdefault(req_id, {})[source] = (a * self.request_decay + hit, n * self.request_decay + seen)
+        self.seen_at.setdefault(req_id, {})[source] = self.step
 
     def forget(self, req_id: str) -> None:
         self.req.pop(req_id, None)
+        self.seen_at.pop(req_id, None)
         self.sampled.discard(req_id)
 
 

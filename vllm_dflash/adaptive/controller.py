@@ -55,12 +55,14 @@ class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
                  clock=time.perf_counter, split_cost: bool = False,
                  guard_threshold: float = SURE_SPEEDUP, guard_margin: float | str = "noise",
-                 guard_confirm: bool = True):
+                 guard_confirm: bool = True, reexplore_steps: float = 0.0):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
-        self.acceptance = AcceptanceModel(k_max)
+        # setting reexplore_steps: a request's own record of a source halves every that many steps it verified none
+        self.acceptance = AcceptanceModel(k_max, idle_decay=0.5 ** (1.0 / reexplore_steps) if reexplore_steps > 0
+                                          else 1.0)
         # the step without the draft forward: T(query tokens, requests, produced tokens); split_cost: fitted as the
         # target forward (timed by the caller, `plan(forward_s=...)`) plus the rest of the step (`SplitStepCost`)
         self.cost = SplitStepCost() if split_cost else StepCostModel(per_output=True)
@@ -117,6 +119,7 @@ class AdaptiveController:
         time (with `split_cost`; None: unknown, the step is then not a cost sample); sampled: per request, whether it
         samples (temperature > 0): its acceptance is estimated from sampled requests' rates (`AcceptanceModel`)."""
         now = self.clock()
+        self.acceptance.tick()
         if sampled is not None:
             self.acceptance.mark_sampled(req_ids, sampled)
         accepted = self._score_previous(req_ids, histories)
@@ -284,6 +287,7 @@ class AdaptiveController:
 
         histories[r]: committed tokens of request r (None: incomplete, no prompt lookup); verified[r]: (drafts the
         step just verified, drafts accepted) for the request's previous proposal; sampled: as in `plan`."""
+        self.acceptance.tick()
         if sampled is not None:
             self.acceptance.mark_sampled(req_ids, sampled)
         self.score_overlap(req_ids, verified)
