@@ -80,8 +80,9 @@ CONTRACTS: tuple[Contract, ...] = (
         "vllm.platforms:current_platform", "attribute", "integration/validation.py", "`is_cpu()`",
         "the resolved platform object", attrs=("is_cpu",), test="tests/vllm/test_vllm_validation.py"),
     Contract(
-        "vllm.forward_context:set_forward_context", "function", "integration/proposer.py",
-        "each denoising pass of `DFlashDrafter.propose`", "the same call as `SpecDecodeBaseProposer.propose`",
+        "vllm.forward_context:set_forward_context", "function", "integration/drafting/step.py",
+        "each denoising pass of the draft forward (`DraftStep.run_model`)",
+        "the same call as `SpecDecodeBaseProposer.propose`",
         params=("attn_metadata", "vllm_config", "num_tokens", "num_tokens_across_dp", "cudagraph_runtime_mode",
                 "slot_mapping"), test="tests/vllm/test_vllm_drafter.py"),
     Contract(
@@ -127,7 +128,8 @@ CONTRACTS: tuple[Contract, ...] = (
         attrs=("method", "model", "num_speculative_tokens", "disable_eagle_block_drop", "draft_model_config"),
         test="tests/vllm/test_vllm_prefix_cache.py"),
     Contract(
-        "vllm.config:SchedulerConfig", "class", "integration/patches/async_scheduling.py, integration/proposer.py",
+        "vllm.config:SchedulerConfig", "class",
+        "integration/patches/async_scheduling.py, integration/drafting/mode.py",
         "`async_scheduling` (re-set after the CPU hook), `scheduler_cls` = `AdaptiveAsyncScheduler` for adaptive "
         "drafting under overlap when the user set no class",
         "`get_scheduler_cls()` resolves a dotted path in the engine core; `VllmConfig.__post_init__` runs the platform "
@@ -245,7 +247,7 @@ CONTRACTS: tuple[Contract, ...] = (
         test="tests/vllm/test_vllm_profile.py, tests/vllm/test_vllm_serve.py::test_serve_end_to_end"),
     Contract(
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", "method",
-        "integration/forward_timer.py, integration/proposer.py",
+        "integration/forward_timer.py, integration/drafting/adaptive.py",
         "adaptive drafting on CPU with synchronous scheduling: the drafter's `load_model(target_model)` wraps that "
         "instance's `forward` and `compute_logits` with a host timer (`ForwardTimer`) whose time per step feeds the "
         "step-cost fit",

@@ -19,7 +19,8 @@ DRAFTER_CONTRACTS: tuple[Contract, ...] = (
         source=("DFlashProposer(self.vllm_config, self.device, self)",), patch="drafter_class",
         test="tests/vllm/test_vllm_drafter.py::test_our_drafter_is_active_and_logged"),
     Contract(
-        "vllm.v1.spec_decode.dflash:DFlashProposer", "class", "integration/proposer.py",
+        "vllm.v1.spec_decode.dflash:DFlashProposer", "class", "integration/proposer.py, integration/drafting/ "
+        "(step.py, denoise.py, block_sampling.py, hints.py)",
         "base class of `DFlashDrafter` (input kernel, attention metadata, draft KV cache, sampling)",
         "`set_inputs_first_pass` writes query ids / positions / slots for [bonus, MASK x K] per request and the "
         "context rows' positions / slots into `_context_positions_buffer` / `_context_slot_mapping_buffer` (first "
@@ -100,8 +101,8 @@ DRAFTER_CONTRACTS: tuple[Contract, ...] = (
 
 ADAPTIVE_CONTRACTS: tuple[Contract, ...] = (
     Contract(
-        "vllm.v1.worker.gpu_input_batch:InputBatch", "class", "integration/proposer.py, integration/patches/"
-        "generator_rewind.py",
+        "vllm.v1.worker.gpu_input_batch:InputBatch", "class", "integration/drafting/ (plan.py, adaptive.py, "
+        "overlap.py, block_sampling.py), integration/proposer.py, integration/patches/generator_rewind.py",
         "adaptive drafting reads `runner.input_batch.req_ids`, `.token_ids_cpu`, `.num_prompt_tokens` (the runner "
         "passed to `DFlashProposer(vllm_config, device, runner)`); the generator patch swaps `.generators`",
         "synchronous: the drafter runs BEFORE `_bookkeeping_sync`; `token_ids_cpu` then holds prompt + committed "
@@ -115,18 +116,20 @@ ADAPTIVE_CONTRACTS: tuple[Contract, ...] = (
         test=_ADAPTIVE_TEST),
     Contract(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_spec_decode_draft_probs", "method",
-        "integration/proposer.py, integration/draft_probs.py",
+        "integration/drafting/fixed.py, integration/drafting/block_sampling.py, integration/draft_probs.py",
         "probabilistic drafting: after `propose` the runner reads `drafter.take_last_draft_probs()` ([B, K, V] or "
         "None) with the batch's `req_ids`; the next step's rejection sampler gets each request's first num_draft rows",
         "rows are the batch rows at `propose` time (`_draft_prob_req_ids`), sliced `[row, :num_draft]` and copied "
         "(`torch.cat`) before the next `propose`; V = the target's logits width (`model_config.get_vocab_size()`); "
         "`None` = one-hot drafts for every request. Greedy rows are verified by argmax whatever q holds; "
-        "`SamplingMetadata.temperature` is 0 for greedy rows, `.top_k` (>= vocab: off) / `.top_p` None when no request uses them",
+        "`SamplingMetadata.temperature` is 0 for greedy rows, `.top_k` (>= vocab: off) / `.top_p` None when no request "
+        "uses them",
         params=("spec_decode_metadata",), source=("self._draft_probs[row_idx, :num_draft]",
                                                   "torch.cat(draft_probs_rows, dim=0)"),
         test="tests/vllm/test_vllm_sampling.py"),
     Contract(
-        "vllm.v1.attention.backend:CommonAttentionMetadata", "class", "integration/proposer.py, block_rows.py",
+        "vllm.v1.attention.backend:CommonAttentionMetadata", "class", "integration/proposer.py, integration/drafting/ "
+        "(plan.py, overlap.py, step.py), block_rows.py",
         "`propose`'s `common_attn_metadata`: `query_start_loc_cpu`, `num_reqs`, `batch_size()`; `slot_mapping`. "
         "block_rows.py copies the drafter's query metadata (`dataclasses.replace`) for the requests a draft forward "
         "runs over",
