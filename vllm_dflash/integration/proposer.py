@@ -103,12 +103,8 @@ class DFlashDrafter(DFlashProposer):
         # context row is held for the next draft forward, never dropped (no drop_context, no lease release)
         self._keep_context = bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
         # how this engine drafts (integration/drafting/), one strategy per mode
-        if self.mode.overlap:
-            self.strategy = OverlapDrafting(self, self.mode, device)
-        elif self.mode.adaptive:
-            self.strategy = AdaptiveDrafting(self, self.mode, device)
-        else:
-            self.strategy = FixedBlock(self, self.mode)
+        strategy = OverlapDrafting if self.mode.overlap else AdaptiveDrafting if self.mode.adaptive else FixedBlock
+        self.strategy = strategy(self, self.mode, device)
         self.controller = self.strategy.controller  # the adaptive controller (None: the fixed block)
         logger.info("vllm_dflash: our DFlash drafter is active (draft %s; block size %d, %d draft tokens/step, "
                     "diffusion steps %d, confidence threshold %.2f, target layers %s, mask id %d)",

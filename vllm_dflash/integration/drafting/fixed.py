@@ -13,7 +13,7 @@ from vllm_dflash.integration.drafting.plan import decode_rows
 class FixedBlock:
     controller = None  # no adaptive controller
 
-    def __init__(self, drafter, mode):
+    def __init__(self, drafter, mode, device=None):
         self.drafter = drafter
         self.hinted = drafter.hint_ngram is not None and not mode.async_scheduling
 
