@@ -97,13 +97,19 @@ def main() -> None:
         from vllm_dflash.adaptive.controller import AdaptiveController
         from vllm_dflash.integration import proposer as P
         from vllm_dflash.integration import vllm_model as VM
+        from vllm_dflash.integration.drafting import adaptive as DA
+        from vllm_dflash.integration.drafting import step as DS
         prop = P.DFlashDrafter
         for name in ("propose", "prepare_next_token_ids_padded", "prepare_inputs_padded", "set_inputs_first_pass",
-                     "build_per_group_and_layer_attn_metadata", "build_model_inputs_first_pass", "_block",
-                     "_adaptive", "_histories", "_defer", "_inject", "_denoise",
-                     "_determine_batch_execution_and_padding", "_write_hints"):
+                     "build_per_group_and_layer_attn_metadata", "build_model_inputs_first_pass", "forward_inputs",
+                     "_defer", "_inject", "_determine_batch_execution_and_padding"):
             if hasattr(prop, name):
                 wrap(prop, name, "p." + name)
+        wrap(DA.AdaptiveDrafting, "_block", "p._block")
+        wrap(DA.AdaptiveDrafting, "_propose", "p._adaptive")
+        wrap(DA, "decode_rows", "p._histories")  # module globals: patched where the strategies call them
+        wrap(DA, "write_hints", "p._write_hints")
+        wrap(DS, "denoise", "p._denoise")
         wrap(AdaptiveController, "plan", "p.plan")
         for name in ("_best_plan", "_score_previous", "_gain_table", "_choose", "_lookup", "_prune"):
             wrap(AdaptiveController, name, "p.ctl" + name)

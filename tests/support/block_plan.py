@@ -12,8 +12,11 @@ import torch
 
 from support.vllm_helpers import run_vllm
 
-# plan: order of arrival % len(plan) -> (source, k); k None = k_max. control: the proposer-module helper forced to
-# return None (the untrimmed path) in the control run
+# plan: order of arrival % len(plan) -> (source, k); k None = k_max. control: the drafter's trimming helper (a
+# block_rows.py function, patched where the drafter calls it: CONTROL_HOME) forced to return None (the untrimmed path)
+# in the control run
+CONTROL_HOME = {"block_subset": "vllm_dflash.integration.proposer",
+                "verified_positions": "vllm_dflash.integration.drafting.step"}
 PATCH = """
 from vllm_dflash.adaptive import controller as C
 from vllm_dflash.integration import proposer as P
@@ -35,19 +38,23 @@ if not getattr(P, "_test_patched", False):  # the runs share a process: patch on
         return p
     fixed_plan = {plan!r}
     C.AdaptiveController.plan = _fixed
-    _helper = P.{control}
-    P.{control} = lambda *a, **k: None if P._test_full else _helper(*a, **k)
-    _block = P.DFlashDrafter._block
-    def _rec(self, draft, rows, select=None, spans=None):
-        out = _block(self, draft, rows, select, spans)
-        ids = self._runner.input_batch.req_ids
+    import importlib
+    _home = importlib.import_module({home!r})  # the module whose global the drafter calls
+    _helper = getattr(_home, {control!r})
+    setattr(_home, {control!r}, lambda *a, **k: None if P._test_full else _helper(*a, **k))
+    from vllm_dflash.integration.drafting.adaptive import AdaptiveDrafting
+    _block = AdaptiveDrafting._block
+    def _rec(self, step, rows, select=None, spans=None):
+        out = _block(self, step, rows, select, spans)
+        d = self.drafter
+        ids = d._runner.input_batch.req_ids
         used = set(spans) if spans is not None else set(select or rows)
         P._test_blocks.append({{
-            "ran": self._block_rows, "batch": len(rows), "mask": int(self.parallel_drafting_token_id),
+            "ran": step.block_rows, "batch": len(rows), "mask": int(d.parallel_drafting_token_id),
             "rows": {{str(P._test_order[ids[r]]): [list(spans[r]) if spans else None, out[i].tolist()]
                      for i, r in enumerate(rows) if r in used}}}})
         return out
-    P.DFlashDrafter._block = _rec
+    AdaptiveDrafting._block = _rec
 """
 PROBE = """
 from vllm_dflash.integration import proposer as P
@@ -66,8 +73,9 @@ def run_fixed_plan(pair, adaptive, plan: list[tuple[str, int | None]], control: 
     spec = {"method": "dflash", "model": str(pair / "draft-b8"), "num_speculative_tokens": 7, "adaptive": adaptive}
     common = {"model": str(pair / "target"), "prompts": prompts, "max_tokens": max_tokens}
     env = {"DFLASH_CPU_GEMM_F32": "all"}  # our fp32 GEMM on every row count: a row's result ignores its neighbours
-    runs = [common] + [{**common, "speculative_config": spec, "patch": PATCH.format(full=full, plan=plan,
-                                                                                    control=control),
-                        "after": PROBE, "env": env} for full in (False, True)]
+    home = CONTROL_HOME[control]
+    patches = [PATCH.format(full=full, plan=plan, control=control, home=home) for full in (False, True)]
+    runs = [common] + [{**common, "speculative_config": spec, "patch": patch, "after": PROBE, "env": env}
+                       for patch in patches]
     base, test, control_run = run_vllm(runs)
     return {"base": base, "test": test, "control": control_run}

@@ -105,13 +105,15 @@ def probe(llm):
             "drafter": type(d).__name__, "diffusion_steps": d.diffusion_steps, "adaptive": d.adaptive,
             "confidence_threshold": d.confidence_threshold, "kv_injection": model.kv_injection,
             "injection_path": model.last_injection_path, "tokens": toks,
+            "idle_decay": d.strategy.controller.acceptance.idle_decay,
             # not settings: the metrics folder and the marker of a DFlash engine's processes (docs/CONTRACTS.md)
             "env": sorted(k for k in os.environ if "DFLASH" in k and k not in ("DFLASH_METRICS_DIR",
                                                                                "DFLASH_PLUGIN_ACTIVE"))}
 
 
 out = {}
-llm = build({"adaptive": "dflash", "diffusion_steps": 2, "confidence_threshold": 0.8, "kv_injection": "reference"})
+llm = build({"adaptive": "dflash", "diffusion_steps": 2, "confidence_threshold": 0.8, "kv_injection": "reference",
+             "reexplore_steps": 16})
 out["first"] = probe(llm)
 del llm
 gc.collect()
@@ -135,11 +137,12 @@ def test_settings_reach_the_drafter_and_do_not_leak(pair):
     first, second = r["first"], r["second"]
     assert first["additional"] == {"adaptive": "dflash", "diffusion_steps": 2, "confidence_threshold": 0.8,
                                    "overlap": "auto", "kv_injection": "reference", "guard_threshold": 1.3,
-                                   "guard_margin": "noise", "guard_confirm": True, "defer_injection": True,
-                                   "draft_sampling": "auto", "drafter": "ours"}
+                                   "guard_margin": "noise", "guard_confirm": True, "reexplore_steps": 16.0,
+                                   "defer_injection": True, "draft_sampling": "auto", "drafter": "ours"}
     assert first["drafter"] == "DFlashDrafter"
     assert (first["diffusion_steps"], first["adaptive"], first["confidence_threshold"]) == (2, "dflash", 0.8)
     assert first["kv_injection"] == "reference" and first["injection_path"] == "reference"  # behaviour, not a label
+    assert first["idle_decay"] == pytest.approx(0.5 ** (1 / 16)) and second["idle_decay"] == 1.0  # reexplore_steps
     # the second engine: nothing of the first, the env default it was started under, the draft's own steps
     assert second["additional"] == {**S.DFlashSettings().to_dict(), "confidence_threshold": 0.7}
     assert (second["diffusion_steps"], second["adaptive"], second["confidence_threshold"]) == (1, "both", 0.7)

@@ -20,9 +20,10 @@ import numpy as np
 
 from vllm_dflash.adaptive.lengths import LengthPlanner
 from vllm_dflash.adaptive.ngram import prompt_lookup
+from vllm_dflash.integration.drafting.mode import ADAPTIVE_SCHEDULER, drafting_mode
 from vllm_dflash.serve.metrics import MetricsSink
 
-QUALNAME = "vllm_dflash.integration.async_scheduler.AdaptiveAsyncScheduler"
+QUALNAME = ADAPTIVE_SCHEDULER
 
 
 class AdaptiveAsyncScheduler(AsyncScheduler):
@@ -40,7 +41,7 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
         self._decisions: dict[int, tuple | None] = {}  # id(scheduler_output) -> its plan
         self._outputs = 0
         # prompt lookup is a source: plan per match context (setting `adaptive`, vllm_config.additional_config)
-        self._lookup = settings.adaptive_mode in ("both", "ngram", "merged")
+        self._lookup = drafting_mode(self.vllm_config, check=False).looks_up
         self._tokens: dict[str, tuple[np.ndarray, int]] = {}  # req_id -> (token ids buffer, length)
 
     def _update_after_schedule(self, scheduler_output) -> None:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The adaptive plan across tensor-parallel ranks: every TP rank runs its own adaptive controller on the same tokens,
 but with its own wall clock, and the draft forward holds collectives; so TP rank 0's plan is broadcast and adopted by
-every rank before the forward is decided (`StepPlan.encode` / `StepPlan.adopt`). Used by integration/proposer.py."""
+every rank before the forward is decided (`StepPlan.encode` / `StepPlan.adopt`). Used by
+integration/drafting/adaptive.py."""
 from __future__ import annotations
 
 import torch

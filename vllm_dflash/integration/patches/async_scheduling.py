@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllm_dflash import settings
+from vllm_dflash.integration.drafting.mode import ADAPTIVE_SCHEDULER, drafting_mode
 from vllm_dflash.integration.patches.base import Patch, dflash_engine
 from vllm_dflash.utils import get_logger
 
@@ -18,20 +19,18 @@ def overlap_wanted(vllm_config, vllm_decided: bool) -> bool:
     runs."""
     if not vllm_decided or not dflash_engine(vllm_config):
         return False
-    s = settings.from_vllm_config(vllm_config)
-    return s.overlap is True or (s.overlap == "auto" and s.adaptive_mode is None)
+    overlap = settings.from_vllm_config(vllm_config).overlap
+    return overlap is True or (overlap == "auto" and not drafting_mode(vllm_config, check=False).adaptive)
 
 
 def use_adaptive_scheduler(vllm_config) -> None:
     """Adaptive drafting under async scheduling: each request's draft length is the scheduler's decision, so our
     drafter comes with our AsyncScheduler subclass, set through vLLM's own `scheduler_config.scheduler_cls`
     (a user's explicit class is kept; the drafter then refuses to start with a clear error)."""
-    from vllm_dflash.integration.async_scheduler import QUALNAME as ADAPTIVE_SCHEDULER
-
     sched = vllm_config.scheduler_config
     if not (sched.async_scheduling and sched.scheduler_cls is None and dflash_engine(vllm_config)):
         return
-    if settings.from_vllm_config(vllm_config).adaptive_mode is not None:
+    if drafting_mode(vllm_config, check=False).adaptive:  # the config is still being decided: unchecked
         sched.scheduler_cls = ADAPTIVE_SCHEDULER
         logger.info("vllm_dflash: adaptive drafting with overlap: per-request draft lengths from %s",
                     ADAPTIVE_SCHEDULER)

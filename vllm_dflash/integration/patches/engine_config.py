@@ -19,6 +19,7 @@ start-up with the conflict and the fix instead of serving without our drafter.
 from __future__ import annotations
 
 from vllm_dflash import settings
+from vllm_dflash.integration.drafting.mode import drafting_mode
 from vllm_dflash.integration.patches.base import Patch, dflash_engine
 from vllm_dflash.utils import get_logger
 
@@ -38,7 +39,7 @@ def resolve_scheduling(vllm_config) -> None:
     sched = vllm_config.scheduler_config
     if not sched.async_scheduling:
         return
-    if s.overlap is False or (s.adaptive_mode is not None and s.overlap == "auto"):
+    if s.overlap is False or (drafting_mode(vllm_config, check=False).adaptive and s.overlap == "auto"):
         sched.async_scheduling = False
         why = ("speculative_config.overlap is false" if s.overlap is False else
                "adaptive drafting runs synchronously under speculative_config.overlap auto; overlap: true gives "
