@@ -19,10 +19,7 @@ from vllm_dflash.bench import limit, stats
 from vllm_dflash.bench.args import DEFAULT_OUT_DIR, PRESETS, add_arguments, csv_list
 from vllm_dflash.bench.configs import select
 from vllm_dflash.bench.drive import bench_config, bench_interleaved
-from vllm_dflash.bench.lossless import (
-    losslessness,
-    own_f32_gemm,  # noqa: F401 (re-exported)
-)
+from vllm_dflash.bench.lossless import losslessness, own_f32_gemm  # noqa: F401 (own_f32_gemm: re-exported)
 from vllm_dflash.bench.meta import attach_limits, build_meta, hardware
 from vllm_dflash.utils import get_logger
 
