@@ -5,7 +5,7 @@ same draft checkpoint, each behind a real `vllm serve`, driven by concurrent str
     python benchmarks/bench_serving.py --quick        # < 10 min on 2 cores
     python benchmarks/bench_serving.py                # concurrency 1/8/32, 256 tokens (same as `vllm-dflash bench`)
 
-The logic lives in vllm_dflash/bench/ (run.py: flags and driver)."""
+The logic lives in vllm_dflash/bench/ (args.py: flags; run.py: driver)."""
 import sys
 from pathlib import Path
 

@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_check_data)
 
-    from vllm_dflash.bench.run import add_arguments as add_bench_arguments
+    from vllm_dflash.bench.args import add_arguments as add_bench_arguments
 
     s = parser("bench", "serving benchmark: none / ngram / vLLM's dflash / ours over real `vllm serve`, "
                "concurrency 1/8/32; results under ./bench-results unless --out-dir (benchmarks/bench_serving.py)")

@@ -17,6 +17,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from vllm_dflash.serve import metrics as M
+from vllm_dflash.serve import snapshots as S
 
 
 def _draft_steps(directory) -> float:
@@ -62,9 +63,9 @@ def test_a_collector_merges_only_its_own_servers_snapshots(tmp_path, monkeypatch
     assert a.parent == b.parent == tmp_path and a != b and (a.stat().st_mode & 0o777) == 0o700
     _sink(monkeypatch, a, 5)
     _sink(monkeypatch, b, 7)
-    planted = {"no_id": {"pid": 1, "host": M._HOST},
-               "other_server_live_pid": {"pid": 1, "host": M._HOST, "server": b.name},
-               "other_host": {"pid": 1, "host": M._HOST + "-elsewhere", "server": a.name}}
+    planted = {"no_id": {"pid": 1, "host": S.HOST},
+               "other_server_live_pid": {"pid": 1, "host": S.HOST, "server": b.name},
+               "other_host": {"pid": 1, "host": S.HOST + "-elsewhere", "server": a.name}}
     for i, (name, meta) in enumerate(planted.items()):
         (a / f"proc-9{i}.json").write_text(json.dumps({"counters": {"draft_steps": 1000.0}, "time": 1.0, **meta}))
     assert _draft_steps(a) == 5 and _draft_steps(b) == 7
@@ -74,11 +75,11 @@ def test_dead_servers_and_stale_files_are_pruned_at_start(tmp_path, monkeypatch)
     """A new server in a user-set folder removes: the folder of a server whose owner exited, an owner file from
     another host older than STALE_S, old-layout snapshots of an exited writer or with no pid older than STALE_S. It
     keeps a live server's folder (this process owns it) and a recent file it cannot check."""
-    code = ("import sys; from vllm_dflash.serve import metrics as M; d = M._new_server_dir(sys.argv[1]); "
+    code = ("import sys; from vllm_dflash.serve import snapshots as S; d = S.new_server_dir(sys.argv[1]); "
             "import atexit; atexit.unregister(__import__('shutil').rmtree); print(d)")
     dead = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, capture_output=True,
                           text=True).stdout.strip()
-    live = M._new_server_dir(str(tmp_path))
+    live = S.new_server_dir(str(tmp_path))
     other_host = tmp_path / (M.SERVER_PREFIX + "elsewhere")
     other_host.mkdir()
     (other_host / M.OWNER_FILE).write_text(json.dumps({"server": other_host.name, "pid": 1, "host": "elsewhere"}))
@@ -87,7 +88,7 @@ def test_dead_servers_and_stale_files_are_pruned_at_start(tmp_path, monkeypatch)
     (tmp_path / "proc-1.json").write_text(json.dumps({"counters": {}}))  # no pid, no id: unknown writer
     os.utime(tmp_path / "proc-1.json", (old, old))
     (tmp_path / "proc-2.json").write_text(json.dumps({"counters": {}}))  # the same, recent
-    M._new_server_dir(str(tmp_path))
+    S.new_server_dir(str(tmp_path))
     assert not os.path.exists(dead) and not other_host.exists() and not (tmp_path / "proc-1.json").exists()
     assert live.is_dir() and (tmp_path / "proc-2.json").exists()
 

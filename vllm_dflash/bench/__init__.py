@@ -9,6 +9,11 @@
   waves.py   : one wave of requests against a server (metrics scrapes, CPU time of its threads and of every other
                process) and a run summarized from its waves
   procs.py   : CPU time and layout of processes and threads, read from /proc
+  args.py    : the flags of `vllm-dflash bench` and the presets (--quick, the full run)
+  drive.py   : the runs: each configuration's `vllm serve` started and warmed up, every prompt set and concurrency
+               level against it (one server after another, or --interleave: all up, rotated rounds)
+  lossless.py: greedy outputs against `none`, each difference explained (vllm_dflash.exactness)
+  meta.py    : the JSON's meta block (flags, engine, layout, machine, versions) and each run's hardware limit
   run.py     : the driver: one real `vllm serve` per configuration, every prompt set and concurrency level
 Beside it:
   demo.py          : `vllm-dflash demo`: stock vLLM without speculation and with n-gram, and ours side by side

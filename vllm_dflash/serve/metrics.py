@@ -10,7 +10,8 @@ registered by the plugin) merges its server's snapshots on every scrape (counter
 event must be published by one process only: under tensor parallelism only TP rank 0's drafter publishes, the other
 ranks get `MetricsSink.disabled()`, see integration/proposer.py).
 
-One folder per server: the front end (`ensure_metrics_dir`, from `register_collector`) makes a private folder
+One folder per server (its layout, the snapshots and their merging: snapshots.py; the metric names:
+metric_names.py): the front end (`ensure_metrics_dir`, from `register_collector`) makes a private folder
 (`mkdtemp`, 0700) with an owner file naming the server, inside the folder the user set in DFLASH_METRICS_DIR or the
 system's temporary folder, exports its path in DFLASH_METRICS_DIR (the one setting this package writes to the
 environment: a folder shared by processes has no vLLM config channel) and removes it at exit. The processes vLLM
@@ -32,97 +33,26 @@ Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
 """
 from __future__ import annotations
 
-import atexit
 import json
-import math
 import os
-import shutil
-import socket
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Iterable
 
+from vllm_dflash.serve.metric_names import COUNTERS, GAUGES, HISTOGRAMS, PREFIX, SKIPPED, SKIPPED_DOC
+from vllm_dflash.serve.metric_names import ACCEPT_BUCKETS, LATENCY_BUCKETS  # noqa: F401 (re-exported)
+from vllm_dflash.serve.snapshots import (HOST, env_dir, merged, new_server_dir, read_owner, read_snapshots, server_id,
+                                         write_file)
+from vllm_dflash.serve.snapshots import (OWNER_FILE, SERVER_PREFIX, STALE_S,  # noqa: F401 (re-exported)
+                                         prune_base, snapshot_problem)
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
 
-_HOST = socket.gethostname()
 ENV_DIR = "DFLASH_METRICS_DIR"  # settings.env_name("metrics_dir"); read through settings (deprecated alias too)
-PREFIX = "vllm_dflash:"
 FLUSH_INTERVAL_S = 0.5
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-ACCEPT_BUCKETS = tuple(float(i) for i in range(0, 17))
-
-HISTOGRAMS = {
-    "draft_forward_seconds": ("Draft forward time per drafting step (all denoising passes).", LATENCY_BUCKETS),
-    "kv_injection_seconds": ("Context K/V injection time per drafting step.", LATENCY_BUCKETS),
-    "target_forward_seconds": ("Target model forward time per engine step (verification included); recorded with "
-                               "DFLASH_PROFILE=1 on CPU only.", LATENCY_BUCKETS),
-    "accepted_tokens_per_step": ("Accepted draft tokens per request per verify step.", ACCEPT_BUCKETS),
-    "draft_tokens_per_request": ("Adaptive drafting: draft tokens chosen per request per step (0 = none).",
-                                 ACCEPT_BUCKETS),
-}
-GAUGES = {
-    "block_size": "Block size in use (anchor + draft tokens per request).",
-    "diffusion_steps": "Denoising passes per draft block.",
-    "cost_fixed_ms": "Adaptive drafting: fitted fixed cost of a step (alpha of T = alpha + beta*n + delta*B + "
-                     "gamma*m), ms.",
-    "cost_per_token_ms": "Adaptive drafting: fitted cost per query token of a step (beta), ms.",
-    "cost_per_request_ms": "Adaptive drafting: fitted cost per request of a step beyond its query tokens (delta), ms.",
-    "cost_per_output_token_ms": "Adaptive drafting: fitted cost per token a step produced (gamma), ms.",
-    "guard_plan_tokens_per_s": "Adaptive drafting: measured output tokens/s while speculating per the plan.",
-    "guard_off_tokens_per_s": "Adaptive drafting: measured output tokens/s without speculation (the guard's other arm).",
-}
-COUNTERS = {
-    "draft_steps": "Drafter invocations (one per engine step with drafting).",
-    "request_steps": "Adaptive drafting: request-steps (a request's share of an engine step that gave it a token); "
-                     "generated tokens / request-steps = tokens per target forward.",
-    "proposals_dflash": "Adaptive drafting: request-steps that verified a DFlash block.",
-    "proposals_ngram": "Adaptive drafting: request-steps that verified a prompt-lookup (n-gram) proposal.",
-    "proposals_merged": "Adaptive drafting: request-steps that verified a merged proposal (prompt-lookup tokens first, "
-                        "the DFlash block after them).",
-    "proposals_none": "Adaptive drafting: request-steps without speculation (k = 0).",
-    "drafted_tokens_dflash": "Adaptive drafting: DFlash draft tokens sent to verification.",
-    "drafted_tokens_ngram": "Adaptive drafting: prompt-lookup draft tokens sent to verification.",
-    "drafted_tokens_merged": "Adaptive drafting: merged-proposal draft tokens sent to verification.",
-    "accepted_tokens_dflash": "Adaptive drafting: accepted DFlash draft tokens.",
-    "accepted_tokens_ngram": "Adaptive drafting: accepted prompt-lookup draft tokens.",
-    "accepted_tokens_merged": "Adaptive drafting: accepted merged-proposal draft tokens.",
-    "context_dropped_steps": "Adaptive drafting: steps whose context rows were dropped because no speculation was "
-                             "measured faster at that batch size (their requests draft by prompt lookup only).",
-    "context_released": "Adaptive drafting: requests that released their draft context after a lease of decode steps "
-                        "without a DFlash token, where keeping the context rows cost a measurable share of a step "
-                        "(they draft by prompt lookup only from then on).",
-}
-SKIPPED = "metrics_snapshots_skipped"  # counted by the collector itself, not merged from snapshots
-SKIPPED_DOC = ("Files in the metrics folder that were not valid snapshots (wrong shape, unreadable) and were left out "
-               "of these metrics; each distinct file (name, modification time, size) counts once.")
-
-
-def _env_dir() -> str | None:
-    from vllm_dflash.settings import process_setting
-
-    return process_setting("metrics_dir")
-
-
-OWNER_FILE = "server.json"  # in a server's folder: {"server": its id (the folder's name), "pid", "host", "base"}
-SERVER_PREFIX = "vllm_dflash_metrics_"
-STALE_S = 3600.0  # a snapshot or server folder that cannot be checked (other host, no id) is pruned after this
-
-
-def _read_owner(d: Path) -> dict | None:
-    """The owner file of a server folder (None: not a server folder, or not a valid owner file)."""
-    try:
-        owner = json.loads((d / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not (isinstance(owner, dict) and isinstance(owner.get("server"), str) and isinstance(owner.get("pid"), int)
-            and isinstance(owner.get("host"), str)):
-        return None
-    return owner
 
 
 def _started_for_this_server() -> bool:
@@ -138,80 +68,22 @@ def _started_for_this_server() -> bool:
     return mode is not None and mode == getattr(ray_worker, "WORKER_MODE", object())
 
 
-def _write_file(path: Path, text: str) -> None:
-    """Atomically (a reader sees the old or the new file) and without following links: a new file made with
-    O_CREAT|O_EXCL|O_NOFOLLOW (`mkstemp`) in the same folder, renamed over `path` (a link at `path` is replaced)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _new_server_dir(base: str | None) -> Path:
-    if base:
-        Path(base).mkdir(parents=True, exist_ok=True)
-        prune_base(base)
-    d = Path(tempfile.mkdtemp(prefix=SERVER_PREFIX, dir=base))  # 0700: only this user's processes write here
-    _write_file(d / OWNER_FILE, json.dumps({"server": d.name, "pid": os.getpid(), "host": _HOST, "base": base,
-                                            "time": time.time()}))
-    atexit.register(shutil.rmtree, str(d), True)
-    return d
-
-
 def ensure_metrics_dir() -> Path:
     """This server's metrics folder, made on first use by its front end (the process that registers the collector).
     A process vLLM started for the server that owns the inherited DFLASH_METRICS_DIR uses that folder; any other
     process makes a folder of its own (inside the folder the user set, or the one the inherited folder is in) and
     exports it to the processes it starts."""
-    d = _env_dir()
+    d = env_dir()
     base = None
     if d:
-        owner = _read_owner(Path(d))
-        if owner is not None and owner["host"] == _HOST and (owner["pid"] == os.getpid()
-                                                             or _started_for_this_server()):
+        owner = read_owner(Path(d))
+        if owner is not None and owner["host"] == HOST and (owner["pid"] == os.getpid()
+                                                            or _started_for_this_server()):
             return Path(d)
         base = owner.get("base") if owner is not None else d  # no owner file: the folder the user set
-    new = _new_server_dir(base)
+    new = new_server_dir(base)
     os.environ[ENV_DIR] = str(new)  # inherited by the engine and worker processes (under the new name)
     return new
-
-
-def server_id(directory: str | Path | None) -> str | None:
-    """The id of the server whose folder this is (None: a folder without an owner file)."""
-    owner = _read_owner(Path(directory)) if directory else None
-    return owner["server"] if owner is not None else None
-
-
-def _stale(path: Path) -> bool:
-    try:
-        return time.time() - path.stat().st_mtime > STALE_S
-    except OSError:
-        return False
-
-
-def prune_base(base: str | Path) -> None:
-    """In a folder the user set: remove the folders of servers that are gone (a dead owner on this host, or an owner
-    file that cannot be checked and is older than STALE_S) and snapshots of the old layout (files directly in it) whose
-    writer is gone or that are older than STALE_S. A live server's folder is left alone."""
-    base = Path(base)
-    for d in base.glob(SERVER_PREFIX + "*"):
-        if not d.is_dir() or d.is_symlink():
-            continue
-        owner = _read_owner(d)
-        if owner is None or owner["host"] != _HOST:
-            gone = _stale(d / OWNER_FILE) if (d / OWNER_FILE).exists() else _stale(d)
-        else:
-            gone = not _pid_alive(owner["pid"])
-        if gone:
-            shutil.rmtree(d, ignore_errors=True)
-    read_snapshots(base, prune=True, server=object())  # files directly in it belong to no server of this layout
 
 
 class _Hist:
@@ -245,7 +117,7 @@ class MetricsSink:
         self._io_lock = threading.Lock()
         self._dirty = False
         self._flusher_pid: int | None = None  # the process whose flusher thread runs (none yet: None)
-        d = _env_dir()
+        d = env_dir()
         self.path = Path(d) / f"proc-{os.getpid()}.json" if d else None
         self.server = server_id(d)  # stamped into every snapshot: the collector merges its own server's only
 
@@ -281,7 +153,7 @@ class MetricsSink:
             return {"hists": {k: {"counts": list(h.counts), "sum": h.sum, "count": h.count}
                               for k, h in self.hists.items()},
                     "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time(),
-                    "pid": os.getpid(), "host": _HOST, "server": self.server}
+                    "pid": os.getpid(), "host": HOST, "server": self.server}
 
     def flush(self, force: bool = False) -> None:
         """Publish the current values: force -> write a snapshot now, on this thread; otherwise mark them changed and
@@ -315,123 +187,9 @@ class MetricsSink:
     def _write(self) -> None:
         with self._io_lock:
             try:
-                _write_file(self.path, json.dumps(self.snapshot()))
+                write_file(self.path, json.dumps(self.snapshot()))
             except OSError:
                 pass  # metrics must never break serving
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. PermissionError: the pid exists (another user's process)
-        return True
-    return True
-
-
-def _writer_alive(snap: dict) -> bool:
-    """Is the process that wrote this snapshot still running? Only a dead process on this host is known to be gone."""
-    pid, host = snap.get("pid"), snap.get("host")
-    if not isinstance(pid, int) or host != _HOST:
-        return True
-    return _pid_alive(pid)
-
-
-_OWN = object()  # read_snapshots' default: the server whose folder it reads
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def snapshot_problem(snap) -> str | None:
-    """Why a snapshot cannot be merged, or None. A snapshot is checked whole before any of it is merged: a wrong
-    shape (another plugin version's file, a hand-placed one) must not raise in the collector, which would fail the
-    whole of /metrics (vLLM's own metrics share the registry), nor be merged in part (a histogram with another
-    bucket count would be cut to the shorter one). Names this version does not know are ignored."""
-    if not isinstance(snap, dict):
-        return f"a JSON {type(snap).__name__}, not an object"
-    if "time" in snap and not _finite(snap["time"]):
-        return "time is not a number"
-    if not isinstance(snap.get("server"), (str, type(None))):
-        return "server is not a string"
-    for part in ("hists", "gauges", "counters"):
-        if not isinstance(snap.get(part, {}), dict):
-            return f"{part} is not an object"
-    for name, h in snap.get("hists", {}).items():
-        if name not in HISTOGRAMS:
-            continue
-        n = len(HISTOGRAMS[name][1])
-        if not isinstance(h, dict):
-            return f"histogram {name} is not an object"
-        counts = h.get("counts")
-        if not isinstance(counts, list) or len(counts) != n or not all(_finite(c) for c in counts):
-            return f"histogram {name}: counts must be {n} numbers (one per bucket)"
-        if not _finite(h.get("sum")) or not _finite(h.get("count")):
-            return f"histogram {name}: sum and count must be numbers"
-    for part, known in (("gauges", GAUGES), ("counters", COUNTERS)):
-        for name, v in snap.get(part, {}).items():
-            if name in known and not _finite(v):
-                return f"{part[:-1]} {name} is not a number"
-    return None
-
-
-def read_snapshots(directory: str | Path | None = None, prune: bool = False,
-                   skipped: list[tuple[Path, str]] | None = None, server: str | None | object = _OWN) -> list[dict]:
-    """The snapshots of `server` (default: the server whose folder this is, `server_id`) written by live processes on
-    this host. Ignored: a snapshot of another server or with no server id (a folder without an owner file reads those
-    with none), from another host, or whose writer has exited (a dead worker's counters must not add to the live
-    ones). prune: also delete the files of exited writers on this host, and ignored files older than STALE_S. A file
-    that is not a valid snapshot (`snapshot_problem`) is skipped, and (path, reason) appended to `skipped` if given."""
-    d = Path(directory or _env_dir() or "")
-    if not str(d) or not d.is_dir():
-        return []
-    if server is _OWN:
-        server = server_id(d)
-    out = []
-    for f in sorted(d.glob("proc-*.json")):
-        try:
-            snap = json.loads(f.read_text())
-        except FileNotFoundError:  # replaced or pruned between the listing and the read
-            continue
-        except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
-            problem = f"unreadable ({type(e).__name__})"
-        else:
-            problem = snapshot_problem(snap)
-        if problem is not None:
-            if skipped is not None:
-                skipped.append((f, problem))
-            continue
-        if not _writer_alive(snap):
-            if prune:
-                f.unlink(missing_ok=True)
-            continue
-        if snap.get("server") != server or snap.get("host", _HOST) != _HOST:
-            if prune and _stale(f):
-                f.unlink(missing_ok=True)
-            continue
-        out.append(snap)
-    return out
-
-
-def merged(snapshots: list[dict]) -> dict:
-    """Sum histograms and counters over processes; gauges: the value of the most recent writer that set it."""
-    hists = {k: {"counts": [0] * len(b), "sum": 0.0, "count": 0} for k, (_, b) in HISTOGRAMS.items()}
-    counters = {k: 0.0 for k in COUNTERS}
-    gauges: dict[str, float] = {}
-    for snap in sorted(snapshots, key=lambda s: s.get("time", 0)):  # valid ones (read_snapshots checked them)
-        for k, h in snap.get("hists", {}).items():
-            if k in hists:
-                hists[k]["counts"] = [a + b for a, b in zip(hists[k]["counts"], h["counts"])]
-                hists[k]["sum"] += h["sum"]
-                hists[k]["count"] += h["count"]
-        for k, v in snap.get("counters", {}).items():
-            counters[k] = counters.get(k, 0.0) + v
-        for k, v in snap.get("gauges", {}).items():
-            if v:
-                gauges[k] = v
-    return {"hists": hists, "counters": counters, "gauges": gauges}
 
 
 class DFlashCollector:

@@ -4,7 +4,11 @@
   plan.py    : the seeded request mix (real prompts, plain request descriptions, no HTTP)
   client.py  : concurrent asyncio clients (httpx) and the server process tree's memory sampler
   startup.py : bad configurations that `vllm serve` must reject before serving
-  report.py  : a round's figures, the server-log accounting, the pass/fail checks, the markdown report
+  features.py: the served feature check against stock vLLM (`--features-check`)
+  lora.py    : the tiny LoRA adapter the soak serves (unless --no-lora)
+  report.py  : a round's figures, the server-log accounting, the pass/fail checks
+  render.py  : the markdown report (docs/RELIABILITY.md, `--render`)
+  phases.py  : the phases against a running server: driven batches, idle wait, round counters, restart, watchdog
   run.py     : the driver and its command line (`python -m vllm_dflash.bench.soak`, `benchmarks/soak.py`)
 
 Importing this package is cheap (no torch, no vLLM, no httpx)."""
