@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The collector's storage without vLLM (split from tests/e2e/test_collect.py): the compact part format round trip and
 the ids other collection folders answered (--exclude-collected)."""
+import os
+
 import pytest
 
 
@@ -33,3 +35,18 @@ def test_collected_ids_of_other_folders(tmp_path):
     assert collected_ids([tmp_path / "a", tmp_path / "b"]) == {"x", "y", "z", "w"}
     with pytest.raises(FileNotFoundError, match="exclude_collected.*Fix"):
         collected_ids([tmp_path / "missing"])
+
+
+def test_the_collector_opts_its_engine_in_to_our_vllm_fixes(monkeypatch):
+    """The collector's engine has no DFlash drafter, so the walls keep our vLLM fixes out of it unless the process
+    opts in; sampled collection needs the seeded-chunked-prefill fix on CPU, so `opt_in_to_fixes` sets
+    DFLASH_VLLM_EXTRAS=fixes, and leaves a level the caller chose alone."""
+    from vllm_dflash.data.collect import opt_in_to_fixes
+
+    monkeypatch.delenv("DFLASH_VLLM_EXTRAS", raising=False)
+    monkeypatch.delenv("VLLM_DFLASH_VLLM_EXTRAS", raising=False)
+    opt_in_to_fixes()
+    assert os.environ["DFLASH_VLLM_EXTRAS"] == "fixes"
+    monkeypatch.setenv("DFLASH_VLLM_EXTRAS", "all")
+    opt_in_to_fixes()
+    assert os.environ["DFLASH_VLLM_EXTRAS"] == "all"

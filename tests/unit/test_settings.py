@@ -224,8 +224,9 @@ def test_no_old_env_name_left_in_library_code():
 
 def test_no_environment_writes_for_deployment_settings():
     """Per-deployment settings travel in vLLM's config: of our own variables the library writes only the metrics
-    folder (shared by the server's processes) and the marker of a DFlash engine's processes (set by the front end
-    that configured DFlash, so its engine core and workers apply the patches); other writes are vLLM's / tokenizers'
+    folder (shared by the server's processes), the marker of a DFlash engine's processes (set by the front end
+    that configured DFlash, so its engine core and workers apply the patches) and the collector's opt-in to our vLLM
+    fixes (DFLASH_VLLM_EXTRAS=fixes for its own engine, data/collect.py); other writes are vLLM's / tokenizers'
     defaults (literal names)."""
     write = re.compile(r"os\.environ(?:\[(?P<k1>[^\]]+)\]\s*=(?!=)|\.(?:setdefault|update|pop)\((?P<k2>[^,)]*))|putenv")
     offenders = []
@@ -235,7 +236,8 @@ def test_no_environment_writes_for_deployment_settings():
             for m in write.finditer(line):
                 key = (m.group("k1") or m.group("k2") or "").strip()
                 if (rel, key) in (("vllm_dflash/serve/metrics.py", "ENV_DIR"),
-                                  ("vllm_dflash/integration/patches/speculative_config.py", "patches.ACTIVE_ENV")):
+                                  ("vllm_dflash/integration/patches/speculative_config.py", "patches.ACTIVE_ENV"),
+                                  ("vllm_dflash/data/collect.py", "name")):
                     continue
                 if key[:1] in "'\"" and key and "DFLASH" not in key:
                     continue

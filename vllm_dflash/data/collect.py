@@ -95,6 +95,20 @@ def _is_sampled(item_id: str, fraction: float) -> bool:
     return int(hashlib.sha1(f"sample:{item_id}".encode()).hexdigest()[:8], 16) % 10_000 < fraction * 10_000
 
 
+def opt_in_to_fixes() -> None:
+    """The collector's engine runs no DFlash drafter, so the plugin's vLLM bug fixes would not act in it (the walls);
+    it needs one of them: seeded sampling with a chunked prefill ends vLLM's engine on CPU ('CPU Generator does not
+    use offset', integration/patches/generator_rewind.py), which a sampled collection of long prompts hits. So this
+    process opts in (DFLASH_VLLM_EXTRAS=fixes, inherited by the engine's processes) unless the caller chose a level."""
+    from vllm_dflash import settings
+
+    if settings.raw_env("vllm_extras") is None:
+        name = settings.env_name("vllm_extras")
+        os.environ[name] = "fixes"
+        logger.info("collect: %s=fixes for the collector's engine (the plugin's vLLM bug fixes, e.g. seeded sampling "
+                    "with a chunked prefill on CPU)", name)
+
+
 def _seed_of(item_id: str, seed: int) -> int:
     return (int(hashlib.sha1(item_id.encode()).hexdigest()[:8], 16) + seed) % (2**31 - 1)
 
@@ -224,6 +238,7 @@ class Collector:
 
     def _engine(self):
         if self.llm is None:
+            opt_in_to_fixes()
             from vllm import LLM
 
             self.llm = LLM(model=self.cfg.target, dtype=self.dtype, max_model_len=self.cfg.max_prompt_tokens +
