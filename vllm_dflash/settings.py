@@ -99,12 +99,12 @@ class DFlashSettings:
             "(the behaviour before 0.2.0) (docs/ADAPTIVE.md).",
         fix="use true or false")
     reexplore_steps: float = _setting(
-        0.0, type="float", allowed="number >= 0", shown_default="0 (never)", parse=parsers.non_negative,
+        32.0, type="float", allowed="number >= 0", shown_default="32", parse=parsers.non_negative,
         doc="Adaptive drafting: a request's own acceptance record of a source (DFlash, prompt lookup, merged) "
             "halves every this many steps in which it verified no draft of that source, so a request whose drafts "
             "stopped paying drifts back to the global estimate and is tried again; 0 = its record stays until it "
             "drafts that source again, which the planner no longer lets it do (docs/ADAPTIVE.md).",
-        fix="use a number >= 0, e.g. 32")
+        fix="use a number >= 0, e.g. 32 (0: off)")
     defer_injection: bool = _setting(
         True, type="bool", allowed="true, false", shown_default="true", parse=parsers.flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "

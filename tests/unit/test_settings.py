@@ -29,7 +29,7 @@ def test_defaults():
     s = S.DFlashSettings()
     assert s.to_dict() == {"adaptive": True, "diffusion_steps": None, "confidence_threshold": 0.9,
                            "overlap": "auto", "kv_injection": "auto", "guard_threshold": 1.3, "guard_margin": "noise",
-                           "guard_confirm": True, "reexplore_steps": 0.0, "defer_injection": True,
+                           "guard_confirm": True, "reexplore_steps": 32.0, "defer_injection": True,
                            "draft_sampling": "auto", "drafter": "ours"}
     assert s.adaptive_mode == "both" and S.resolve() == s
     assert S.process_setting("log_level") == "INFO" and S.process_setting("profile") is False

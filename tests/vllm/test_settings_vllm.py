@@ -142,7 +142,8 @@ def test_settings_reach_the_drafter_and_do_not_leak(pair):
     assert first["drafter"] == "DFlashDrafter"
     assert (first["diffusion_steps"], first["adaptive"], first["confidence_threshold"]) == (2, "dflash", 0.8)
     assert first["kv_injection"] == "reference" and first["injection_path"] == "reference"  # behaviour, not a label
-    assert first["idle_decay"] == pytest.approx(0.5 ** (1 / 16)) and second["idle_decay"] == 1.0  # reexplore_steps
+    assert first["idle_decay"] == pytest.approx(0.5 ** (1 / 16))  # reexplore_steps: the engine's own value
+    assert second["idle_decay"] == pytest.approx(0.5 ** (1 / 32))  # and the default
     # the second engine: nothing of the first, the env default it was started under, the draft's own steps
     assert second["additional"] == {**S.DFlashSettings().to_dict(), "confidence_threshold": 0.7}
     assert (second["diffusion_steps"], second["adaptive"], second["confidence_threshold"]) == (1, "both", 0.7)

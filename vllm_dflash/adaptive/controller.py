@@ -55,7 +55,7 @@ class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
                  clock=time.perf_counter, split_cost: bool = False,
                  guard_threshold: float = SURE_SPEEDUP, guard_margin: float | str = "noise",
-                 guard_confirm: bool = True, reexplore_steps: float = 0.0):
+                 guard_confirm: bool = True, reexplore_steps: float = 32.0):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode

@@ -93,9 +93,9 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
                 "block, prompt lookup or the two merged, "
                 "0..k tokens from acceptance and an online step-cost model (synchronous scheduling)", method="dflash",
                 env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
-    BenchConfig("ours-reexplore", "ours-adaptive with re-exploration (reexplore_steps 32): a request's own "
-                "acceptance record of a source halves every 32 steps it verifies none, so it tries that source again",
-                method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True, "reexplore_steps": 32},
+    BenchConfig("ours-no-reexplore", "ours-adaptive without re-exploration (reexplore_steps 0): a request whose "
+                "drafts of a source stopped paying keeps its record and never tries that source again",
+                method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True, "reexplore_steps": 0},
                 uses_draft=True),
     BenchConfig("ours-merged", "vllm_dflash drafter, adaptive with the merged source only: prompt-lookup tokens "
                 "first, the DFlash block after them; 0..k tokens per request (synchronous scheduling)", method="dflash",
