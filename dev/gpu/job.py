@@ -197,7 +197,10 @@ def main() -> int:
     ap.add_argument("--sample-fraction", type=float, default=0.0,
                     help="share of prompts answered by sampling (open-ended campaign: 0.5)")
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--data", default="data/collect/smollm2-v1,data/collect/smollm2-v2")
+    ap.add_argument("--data", default=",".join(f"data/collect/smollm2-{n}" for n in
+                                               ("v1", "v2", "v3", "gpu1", "gpu2", "gpu3", "open1")),
+                    help="committed collections the variants train on (with the job's new data); open1 holds "
+                         "sampled (temperature 0.7) answers to ShareGPT conversations")
     a = ap.parse_args()
     stash, out, work = Path(a.stash), Path(a.out), Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
