@@ -55,20 +55,18 @@ def pair() -> Path:
 @pytest.fixture(autouse=True)
 def _no_leaked_plugin_env():
     """A test that configures DFlash in this process (an engine config built in-process) makes pytest the owner of a
-    metrics folder and exports DFLASH_METRICS_DIR and the plugin's process marker DFLASH_PLUGIN_ACTIVE. Servers,
-    engines and probes that later tests start would inherit them: the earlier runs' snapshots merged into their
-    counters, and the patches applied at start-up in processes that never asked for DFlash (the walls). Restore
-    the variables after every test."""
-    from vllm_dflash.settings import deprecated_env_name, env_name
+    metrics folder and exports DFLASH_METRICS_DIR and the plugin's process marker DFLASH_PLUGIN_ACTIVE; a test of the
+    collector sets DFLASH_VLLM_EXTRAS. Servers, engines and probes that later tests start would inherit them: the
+    earlier runs' snapshots merged into their counters, and the patches applied in processes that never asked for
+    DFlash (the walls). Every plugin variable (DFLASH_*, VLLM_DFLASH_*) is restored after every test."""
+    def plugin_env() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith(("DFLASH_", "VLLM_DFLASH_"))}
 
-    names = (env_name("metrics_dir"), deprecated_env_name("metrics_dir"), "DFLASH_PLUGIN_ACTIVE")
-    before = {n: os.environ.get(n) for n in names}
+    before = plugin_env()
     yield
-    for n, v in before.items():
-        if v is None:
-            os.environ.pop(n, None)
-        else:
-            os.environ[n] = v
+    for name in set(plugin_env()) - set(before):
+        os.environ.pop(name, None)
+    os.environ.update(before)
 
 
 # The longest test files, longest first (seconds per file on the AVX2-only EPYC, 2 workers, session 28: the TP tests

@@ -43,8 +43,9 @@ def test_the_collector_opts_its_engine_in_to_our_vllm_fixes(monkeypatch):
     DFLASH_VLLM_EXTRAS=fixes, and leaves a level the caller chose alone."""
     from vllm_dflash.data.collect import opt_in_to_fixes
 
-    monkeypatch.delenv("DFLASH_VLLM_EXTRAS", raising=False)
-    monkeypatch.delenv("VLLM_DFLASH_VLLM_EXTRAS", raising=False)
+    for name in ("DFLASH_VLLM_EXTRAS", "VLLM_DFLASH_VLLM_EXTRAS"):
+        monkeypatch.setenv(name, "off")  # recorded first, so teardown restores the variable's absence too
+        monkeypatch.delenv(name)
     opt_in_to_fixes()
     assert os.environ["DFLASH_VLLM_EXTRAS"] == "fixes"
     monkeypatch.setenv("DFLASH_VLLM_EXTRAS", "all")
