@@ -105,6 +105,13 @@ class DFlashSettings:
             "stopped paying drifts back to the global estimate and is tried again; 0 = its record stays until it "
             "drafts that source again, which the planner no longer lets it do (docs/ADAPTIVE.md).",
         fix="use a number >= 0, e.g. 32 (0: off)")
+    cross_lookup: int = _setting(
+        100_000, type="int", allowed="integer >= 0, or off", shown_default="100000", parse=parsers.tokens_or_off,
+        doc="Adaptive drafting: where a request's own history has no prompt-lookup match, look up its suffix in "
+            "other requests' prompts and outputs (suffix-decoding style), an index of at most this many tokens, "
+            "emptied with vLLM's prefix cache (/reset_prefix_cache); 0 / off = the request's own history only. Used "
+            "where the drafter runs in the engine-core process (TP = 1, synchronous scheduling); else off, logged.",
+        fix="use a whole number of tokens, e.g. 100000, or off")
     defer_injection: bool = _setting(
         True, type="bool", allowed="true, false", shown_default="true", parse=parsers.flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "

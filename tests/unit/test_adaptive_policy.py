@@ -537,7 +537,7 @@ def test_a_measured_off_arm_plans_nothing():
     c = AdaptiveController(4, mode="both", clock=_Clock())
     calls = []
     orig = c._lookup
-    c._lookup = lambda h: (calls.append(1), orig(h))[1]
+    c._lookup = lambda r, h: (calls.append(1), orig(r, h))[1]
     ids = [f"r{i}" for i in range(32)]
     hist = np.array([3, 4, 5, 6, 3, 4, 5])
     c.plan(ids, [hist] * 32, query_tokens=32, decode_only=True)

@@ -29,7 +29,8 @@ def test_defaults():
     s = S.DFlashSettings()
     assert s.to_dict() == {"adaptive": True, "diffusion_steps": None, "confidence_threshold": 0.9,
                            "overlap": "auto", "kv_injection": "auto", "guard_threshold": 1.3, "guard_margin": "noise",
-                           "guard_confirm": True, "reexplore_steps": 32.0, "defer_injection": True,
+                           "guard_confirm": True, "reexplore_steps": 32.0, "cross_lookup": 100_000,
+                           "defer_injection": True,
                            "draft_sampling": "auto", "drafter": "ours"}
     assert s.adaptive_mode == "both" and S.resolve() == s
     assert S.process_setting("log_level") == "INFO" and S.process_setting("profile") is False
@@ -174,7 +175,8 @@ def test_spec_keys_are_popped_and_validated_without_touching_the_environment(mon
     monkeypatch.setenv("DFLASH_DIFFUSION_STEPS", "nonsense")  # the environment is not what is validated here
     assert S.resolve(S.pop_spec_keys({"diffusion_steps": 3}), environ={}).diffusion_steps == 3
     assert set(S.SPEC_KEYS) == {"adaptive", "diffusion_steps", "confidence_threshold", "overlap", "kv_injection",
-                                "guard_threshold", "guard_margin", "guard_confirm", "reexplore_steps", "defer_injection",
+                                "guard_threshold", "guard_margin", "guard_confirm", "reexplore_steps", "cross_lookup",
+                                "defer_injection",
                                 "draft_sampling", "drafter"}
 
 

@@ -38,6 +38,7 @@ from vllm_dflash.adaptive.policy import plan_lengths, predicted_speedup, publish
 from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
 from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel
 from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, lookup_slots, uses_block  # noqa: F401 (re-exported)
+from vllm_dflash.adaptive.cross_lookup import CrossRequestIndex
 from vllm_dflash.adaptive.trace import open_trace
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
@@ -55,11 +56,13 @@ class AdaptiveController:
     def __init__(self, k_max: int, mode: str = "both", ngram_min: int = 2, ngram_max: int = 4, metrics=None,
                  clock=time.perf_counter, split_cost: bool = False,
                  guard_threshold: float = SURE_SPEEDUP, guard_margin: float | str = "noise",
-                 guard_confirm: bool = True, reexplore_steps: float = 32.0):
+                 guard_confirm: bool = True, reexplore_steps: float = 32.0, cross_lookup: int = 0):
         if mode not in MODES:
             raise ValueError(f"adaptive mode {mode!r}: expected one of {MODES}")
         self.k_max, self.mode = k_max, mode
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        # setting cross_lookup: other requests' tokens, the lookup's fallback (adaptive/cross_lookup.py; None: off)
+        self.cross = CrossRequestIndex(cross_lookup) if cross_lookup > 0 and mode != "dflash" else None
         # setting reexplore_steps: a request's own record of a source halves every that many steps it verified none
         self.acceptance = AcceptanceModel(k_max, idle_decay=0.5 ** (1.0 / reexplore_steps) if reexplore_steps > 0
                                           else 1.0)
@@ -152,7 +155,7 @@ class AdaptiveController:
             plan = StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B,
                             drop_context=self.guard.best == "off")
         else:
-            lookups = [self._lookup(h) for h in histories]
+            lookups = [self._lookup(r, h) for r, h in zip(req_ids, histories)]
             sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
             self.guard.predict(forecast)
             if self.guard.arm == "off":  # 'off' being measured for the first time
@@ -291,7 +294,7 @@ class AdaptiveController:
         if sampled is not None:
             self.acceptance.mark_sampled(req_ids, sampled)
         self.score_overlap(req_ids, verified)
-        lookups = [self._lookup(h) for h in histories]
+        lookups = [self._lookup(r, h) for r, h in zip(req_ids, histories)]
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=len(lookups))
         sources = self._choose(self._gain_table(req_ids, m), m, fresh=self._fresh(req_ids))[0]
         ks = [0 if s == "none" else (len(t) if s == "ngram" else self.k_max) for s, t in zip(sources, lookups)]
@@ -338,11 +341,19 @@ class AdaptiveController:
             self._idle.pop(rid, None)
 
     # ------------------------------------------------------------------ internals
-    def _lookup(self, hist: np.ndarray | None) -> np.ndarray:
-        """The request's prompt-lookup continuation, [<= k_max] (empty where prompt lookup is no source)."""
+    def _lookup(self, req_id: str, hist: np.ndarray | None) -> np.ndarray:
+        """The request's prompt-lookup continuation, [<= k_max] (empty where prompt lookup is no source): in its own
+        history, else (with `cross`) in other requests' tokens, which it then indexes its own new tokens into."""
         if hist is None or self.mode == "dflash":
             return np.zeros(0, dtype=np.int64)
-        return prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
+        own = prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
+        if self.cross is None:
+            return own
+        found = own if len(own) else self.cross.lookup(hist, self.k_max)
+        if len(found) and found is not own:
+            self._count("cross_lookups")
+        self.cross.observe(req_id, hist)
+        return found
 
     def _gain_table(self, req_ids: list[str], m: np.ndarray) -> dict[str, np.ndarray]:
         """`sources.gain_table` of this controller's mode: P(i) per source, [B, k_max] each."""

@@ -97,6 +97,9 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
                 "drafts of a source stopped paying keeps its record and never tries that source again",
                 method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True, "reexplore_steps": 0},
                 uses_draft=True),
+    BenchConfig("ours-no-cross", "ours-adaptive without cross-request lookup (cross_lookup 0): prompt lookup in the "
+                "request's own history only", method="dflash", env={"DFLASH_DRAFTER": "ours"},
+                spec_extra={"adaptive": True, "cross_lookup": 0}, uses_draft=True),
     BenchConfig("ours-merged", "vllm_dflash drafter, adaptive with the merged source only: prompt-lookup tokens "
                 "first, the DFlash block after them; 0..k tokens per request (synchronous scheduling)", method="dflash",
                 env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": "merged"}, uses_draft=True),

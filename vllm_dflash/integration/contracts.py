@@ -317,6 +317,15 @@ CONTRACTS: tuple[Contract, ...] = (
                 "request_id"), exact=True, attrs=("vllm_config",), patch="observe_draft",
         test="tests/vllm/test_vllm_serve.py"),
     Contract(
+        "vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache", "method", "integration/patches/"
+        "prefix_cache_reset.py, adaptive/cross_lookup.py",
+        "wrapped: a successful reset also empties the cross-request lookup index (setting cross_lookup), for an "
+        "engine with our drafter (the scheduler's `vllm_config`)",
+        "called in the engine core for /reset_prefix_cache (and `LLM.reset_prefix_cache`); returns whether the cache "
+        "was reset",
+        params=("reset_running_requests", "reset_connector"), exact=True, attrs=("vllm_config",),
+        patch="prefix_cache_reset", test="tests/vllm/test_vllm_cross_lookup.py"),
+    Contract(
         "prometheus_client:REGISTRY", "attribute", "serve/metrics.py",
         "our `DFlashCollector` (names `vllm_dflash:*`)", "vLLM serves the default registry on `/metrics`",
         test="tests/vllm/test_vllm_serve.py"),

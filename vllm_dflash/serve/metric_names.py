@@ -43,6 +43,8 @@ COUNTERS = {
     "accepted_tokens_dflash": "Adaptive drafting: accepted DFlash draft tokens.",
     "accepted_tokens_ngram": "Adaptive drafting: accepted prompt-lookup draft tokens.",
     "accepted_tokens_merged": "Adaptive drafting: accepted merged-proposal draft tokens.",
+    "cross_lookups": "Adaptive drafting: prompt-lookup continuations found in other requests' tokens where the "
+                     "request's own history had none (setting cross_lookup), counted when planned.",
     "context_dropped_steps": "Adaptive drafting: steps whose context rows were dropped because no speculation was "
                              "measured faster at that batch size (their requests draft by prompt lookup only).",
     "context_released": "Adaptive drafting: requests that released their draft context after a lease of decode steps "

@@ -25,6 +25,21 @@ from vllm_dflash.integration.tp_plan import sync_plan_across_tp
 logger = init_logger(__name__)
 
 
+def cross_lookup_tokens(vllm_config, tokens: int) -> int:
+    """Setting cross_lookup where it can be honoured: its index is emptied with the prefix cache, whose reset runs in
+    the engine-core process (patches/prefix_cache_reset.py), so it is used only where the drafter runs there too
+    (vLLM's `uni` executor: one worker, synchronous scheduling). Elsewhere off, logged once."""
+    if tokens <= 0:
+        return 0
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if backend == "uni":
+        return tokens
+    logger.info("vllm-dflash: cross-request lookup (setting cross_lookup) is off: the drafter runs in a worker "
+                "process (executor %r), where vLLM's prefix-cache resets, which empty its index, are not seen",
+                backend)
+    return 0
+
+
 class AdaptiveDrafting:
     def __init__(self, drafter, mode, device):
         d = self.drafter = drafter
@@ -40,7 +55,8 @@ class AdaptiveDrafting:
                                              ngram_min=ngram[0], ngram_max=ngram[1],
                                              split_cost=self.forward_timer is not None,
                                              guard_threshold=s.guard_threshold, guard_margin=s.guard_margin,
-                                             guard_confirm=s.guard_confirm, reexplore_steps=s.reexplore_steps)
+                                             guard_confirm=s.guard_confirm, reexplore_steps=s.reexplore_steps,
+                                             cross_lookup=cross_lookup_tokens(d.vllm_config, s.cross_lookup))
         # TP > 1: a rank may adopt rank 0's plan where its own guard was off, so it keeps its lookups every step
         self.controller.skip_when_off = d._tp is None
         # the draft forward runs over the requests that use its tokens only (block_rows.py): it costs per such row

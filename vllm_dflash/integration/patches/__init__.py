@@ -24,8 +24,8 @@ from vllm_dflash.integration.patches import (aot_compile_load, async_scheduling,
                                              cpu_greedy_verify, cpu_lora_no_adapter, cpu_omp_threads,
                                              cpu_onednn_cache, cpu_plain_sample, cpu_sampled_verify, cpu_uniproc,
                                              drafter_class, engine_config, generator_rewind, lora_prompt_logprobs,
-                                             observe_draft, profile_forward, prometheus_registry, ray_cpu,
-                                             speculative_config)
+                                             observe_draft, prefix_cache_reset, profile_forward,
+                                             prometheus_registry, ray_cpu, speculative_config)
 from vllm_dflash.integration.patches.base import Patch, UnsupportedVLLMError, extras
 from vllm_dflash.integration.patches.async_scheduling import overlap_wanted, use_adaptive_scheduler  # noqa: F401
 from vllm_dflash.integration.patches.speculative_config import keep_prefix_block  # noqa: F401
@@ -36,6 +36,7 @@ logger = get_logger(__name__)
 
 # cpu_uniproc after async_scheduling: it wraps the same CPU platform hook and reads the final async decision
 PATCHES: list[Patch] = [m.PATCH for m in (generator_rewind, drafter_class, speculative_config, observe_draft,
+                                          prefix_cache_reset,
                                           cpu_expand_kernel, async_scheduling, cpu_uniproc, engine_config, ray_cpu,
                                           cpu_onednn_cache, cpu_gemv, cpu_omp_threads, cpu_plain_sample,
                                           cpu_greedy_verify, cpu_sampled_verify, lora_prompt_logprobs,
