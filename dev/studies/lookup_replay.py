@@ -136,7 +136,7 @@ def main() -> None:
     rows = []
     for name in sets:
         for group in sorted({r["category"] for r in reqs if r["set"] == name}) if name == "open-chat" else [name]:
-            sub = [r for r in reqs if r["set"] == name and r["category"] == group]
+            sub = [r for r in reqs if r["set"] == name and (name != "open-chat" or r["category"] == group)]
             for src, k, cn in arms:
                 res = replay(sub, src, k, cn)
                 rows.append({"set": name, "group": group, "requests": len(sub), "source": src, "k": k,

@@ -68,3 +68,25 @@ def test_controller_falls_back_to_other_requests_only_without_an_own_match():
     own = a(52, 53, 54, 77, 52, 53, 54)  # its own history has (52, 53, 54) -> 77: the own match wins
     assert on._lookup("own", own).tolist() == prompt_lookup(own, 7).tolist() == [77, 52, 53, 54]
     assert AdaptiveController(7, mode="dflash", cross_lookup=10_000).cross is None  # no lookup source at all
+
+
+def test_cross_lookups_keep_their_own_acceptance_rates():
+    """A continuation from other requests' tokens is scored as 'cross', and the planner values such a request's lookup
+    with the 'cross' rates: the request's own-history lookups ('ngram') keep theirs (served open chat at c8 lost
+    tokens per forward, 1.68 -> 1.46, while both shared one record)."""
+    from vllm_dflash.adaptive.controller import _Pending
+
+    c = AdaptiveController(7, mode="both", cross_lookup=10_000)
+    c._lookup("first", a(50, 51, 52, 53, 54, 55, 56, 57, 58, 59))
+    q = a(90, 91, 52, 53, 54)
+    look = c._lookup("q", q)
+    assert "q" in c._from_cross
+    ngram_before = c.acceptance.global_rates("ngram").copy()
+    for _ in range(20):
+        c._observe("q", _Pending(len(q), look, "ngram", 0, "q" in c._from_cross), len(look), 0)
+    assert (c.acceptance.global_rates("ngram") == ngram_before).all()
+    assert c.acceptance.global_rates("cross")[0] < 0.3
+    m = np.asarray([len(look)])
+    table = c._gain_table(["q"], m)
+    own = AdaptiveController(7, mode="both")._gain_table(["q"], m)
+    assert table["ngram"][0, 0] < own["ngram"][0, 0]  # valued with the failed 'cross' record, not 'ngram'

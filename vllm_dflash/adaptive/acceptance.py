@@ -35,7 +35,7 @@ class AcceptanceModel:
         self.idle_decay = idle_decay
         self.step = 0  # planning steps so far (`tick`)
         self.seen_at: dict[str, dict[str, int]] = {}  # request -> source -> step of its last observation
-        prior = prior or {"dflash": 0.5, "ngram": 0.7, "merged": 0.7}  # optimistic start: every source gets tried
+        prior = prior or {"dflash": 0.5, "ngram": 0.7, "merged": 0.7, "cross": 0.5}  # optimistic start: every source gets tried
         self.acc = {s: np.full(k_max, p * 8.0) for s, p in prior.items()}  # 8 pseudo observations each
         self.att = {s: np.full(k_max, 8.0) for s in prior}
         self.acc_sampled = {s: a.copy() for s, a in self.acc.items()}  # the sampled requests' pool

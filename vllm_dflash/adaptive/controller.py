@@ -50,6 +50,7 @@ class _Pending:
     tokens: np.ndarray
     source: str
     lookup: int = 0  # merged: how many of the tokens came from prompt lookup (slots 0..lookup-1)
+    cross: bool = False  # the lookup tokens came from other requests' (scored as 'cross', not 'ngram')
 
 
 class AdaptiveController:
@@ -63,6 +64,7 @@ class AdaptiveController:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         # setting cross_lookup: other requests' tokens, the lookup's fallback (adaptive/cross_lookup.py; None: off)
         self.cross = CrossRequestIndex(cross_lookup) if cross_lookup > 0 and mode != "dflash" else None
+        self._from_cross: set[str] = set()  # requests whose lookup this step came from `cross`
         # setting reexplore_steps: a request's own record of a source halves every that many steps it verified none
         self.acceptance = AcceptanceModel(k_max, idle_decay=0.5 ** (1.0 / reexplore_steps) if reexplore_steps > 0
                                           else 1.0)
@@ -274,7 +276,8 @@ class AdaptiveController:
                 self._count("proposals_none")
                 continue
             toks = proposal_tokens(src, plan.lookups[i], block[i] if block is not None else None, self.k_max)[:k]
-            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, lookup_slots(src, plan.lookups[i], k))
+            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, lookup_slots(src, plan.lookups[i], k),
+                                          rid in self._from_cross)
             out.append([int(t) for t in toks])
             self._count(f"proposals_{src}")
             self._count(f"drafted_tokens_{src}", k)
@@ -317,7 +320,8 @@ class AdaptiveController:
                 continue
             out[i, : len(toks)] = toks
             out[i, len(toks):] = toks[-1]
-            self._pending[rid] = _Pending(0, out[i].copy(), src, lookup_slots(src, plan.lookups[i], self.k_max))
+            self._pending[rid] = _Pending(0, out[i].copy(), src, lookup_slots(src, plan.lookups[i], self.k_max),
+                                          rid in self._from_cross)
         return out
 
     def score_overlap(self, req_ids: list[str], verified: list[tuple[int, int]]) -> None:
@@ -336,6 +340,7 @@ class AdaptiveController:
     def finished(self, req_ids) -> None:
         for rid in req_ids:
             self._pending.pop(rid, None)
+            self._from_cross.discard(rid)
             self.acceptance.forget(rid)
             self._stale.discard(rid)
             self._idle.pop(rid, None)
@@ -352,12 +357,18 @@ class AdaptiveController:
         found = own if len(own) else self.cross.lookup(hist, self.k_max)
         if len(found) and found is not own:
             self._count("cross_lookups")
+            self._from_cross.add(req_id)
+        else:
+            self._from_cross.discard(req_id)
         self.cross.observe(req_id, hist)
         return found
 
     def _gain_table(self, req_ids: list[str], m: np.ndarray) -> dict[str, np.ndarray]:
         """`sources.gain_table` of this controller's mode: P(i) per source, [B, k_max] each."""
-        return gain_table(self.acceptance, self.mode, self.k_max, req_ids, m)
+        cross = None
+        if self._from_cross:
+            cross = np.fromiter((r in self._from_cross for r in req_ids), dtype=bool, count=len(req_ids))
+        return gain_table(self.acceptance, self.mode, self.k_max, req_ids, m, cross)
 
     def _choose(self, table: dict[str, np.ndarray], m: np.ndarray, block: bool = True,
                 fresh: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
@@ -399,12 +410,13 @@ class AdaptiveController:
     def _observe(self, rid: str, p: _Pending, drafted: int, accepted: int) -> None:
         """A verified proposal into the acceptance model: a merged one's lookup slots as prompt lookup, its block
         slots after them as 'merged' (by slot); any other under its own source."""
+        lookup = "cross" if p.cross else "ngram"  # a lookup from other requests' tokens has its own rates
         if p.source == "merged" and p.lookup > 0:
             m = min(p.lookup, drafted)
-            self.acceptance.observe(rid, "ngram", m, min(accepted, m))
+            self.acceptance.observe(rid, lookup, m, min(accepted, m))
             self.acceptance.observe(rid, "merged", drafted, accepted, start=m)
         else:
-            self.acceptance.observe(rid, p.source, drafted, accepted)
+            self.acceptance.observe(rid, lookup if p.source == "ngram" else p.source, drafted, accepted)
 
     def _count(self, name: str, n: float = 1.0) -> None:
         if self.metrics is not None:

@@ -31,13 +31,17 @@ def proposal_tokens(src: str, lookup: np.ndarray, block: np.ndarray | None, k_ma
 
 
 def gain_table(acceptance: AcceptanceModel, mode: str, k_max: int, req_ids: list[str],
-               m: np.ndarray) -> dict[str, np.ndarray]:
+               m: np.ndarray, cross: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """P(i) (drafts 1..i all accepted) of every request's full-length proposal per source, [B, k_max] each, for
     requests with m[r] lookup tokens: a merged proposal is prompt lookup's in its first m slots and the
-    block-after-lookup rates ('merged') after them. Only the sources this mode can propose."""
+    block-after-lookup rates ('merged') after them. Only the sources this mode can propose. cross: [B] bool, the
+    request's lookup came from other requests' tokens (adaptive/cross_lookup.py): its lookup slots take the rates
+    kept for those ('cross'), which accept far less often than a request's own history."""
     names = {"dflash": ("dflash",), "ngram": ("ngram",), "merged": ("ngram", "merged")}.get(
         mode, ("dflash", "ngram", "merged"))
     rates = {s: acceptance.rates_batch(req_ids, s) for s in names}
+    if cross is not None and cross.any() and "ngram" in rates:
+        rates["ngram"] = np.where(cross[:, None], acceptance.rates_batch(req_ids, "cross"), rates["ngram"])
     if "merged" in rates:
         in_lookup = np.arange(k_max)[None, :] < m[:, None]  # [B, k_max]
         rates["merged"] = np.where(in_lookup, rates["ngram"], rates["merged"])

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.bench.categories import render_categories
 from vllm_dflash import exactness
 
 
@@ -252,6 +253,10 @@ def render_markdown(result: dict[str, Any]) -> str:
             "left out, so it is optimistic)" + _limit_inputs(result["meta"].get("limit")), "",
             render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
             render_acceptance(result["runs"]), ""]
+    cats = render_categories(result["runs"])
+    if cats:
+        out += ["## Open chat per category at concurrency 1 (tok/s = output tokens / request latency, summed per "
+                "category; speed-up over `none`)", "", cats, ""]
     ts = render_time_split(result["runs"])
     if ts:
         out += ["## Where the wall time goes (share of wall time; per target forward)", "", ts, ""]

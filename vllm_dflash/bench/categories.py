@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-category speed at concurrency 1 (issue 54.3): on `open-chat`, each configuration's output tokens / request
+latency summed per category of the prompts (writing, role-play, reasoning, math, coding, ...), as a speed-up over
+`none` (stock vLLM) and beside stock n-gram. Only at concurrency 1, where a request has the engine to itself and its
+latency is its own cost; at higher concurrency requests share steps and per-request figures mean little."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+
+def categories_of(prompt_set: str) -> dict[str, str]:
+    """Prompt id -> category for an open-chat prompt set ({} for any other set)."""
+    if not prompt_set.startswith("open-chat"):
+        return {}
+    from vllm_dflash.data.prompts import get_prompts
+
+    return {it["id"]: it["category"] for it in get_prompts(prompt_set)}
+
+
+def per_category(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """-> {category: {config: {"tok_s", "requests"}}} over the c1 runs of open-chat sets (empty if none)."""
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    cats: dict[str, dict[str, str]] = {}
+    for r in runs:
+        if r.get("concurrency") != 1 or not r.get("ok", True) or not r.get("requests"):
+            continue
+        ps = r["prompt_set"]
+        if ps not in cats:
+            cats[ps] = categories_of(ps)
+        if not cats[ps]:
+            continue
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+        for q in r["requests"]:
+            c = cats[ps].get(q["id"])
+            if c is not None and q.get("latency_s"):
+                s = sums[c]
+                s[0] += q["completion_tokens"]
+                s[1] += q["latency_s"]
+                s[2] += 1
+        for c, (tok, lat, n) in sums.items():
+            out[c][r["config"]] = {"tok_s": tok / lat, "requests": n}
+    return dict(out)
+
+
+def render_categories(runs: list[dict[str, Any]]) -> str | None:
+    """A markdown table: per category, each configuration's tok/s at c1 and its speed-up over `none`."""
+    table = per_category(runs)
+    if not table:
+        return None
+    configs = list(dict.fromkeys(r["config"] for r in runs if r.get("concurrency") == 1))
+    out = ["| category | requests | " + " | ".join(configs) + " |", "|---|---|" + "---|" * len(configs)]
+    for cat in sorted(table):
+        row = table[cat]
+        base = row.get("none", {}).get("tok_s")
+        cells = []
+        for c in configs:
+            v = row.get(c)
+            if v is None:
+                cells.append("–")
+            elif base and c != "none":
+                cells.append(f"**{v['tok_s'] / base:.2f}×** ({v['tok_s']:.1f} tok/s)")
+            else:
+                cells.append(f"{v['tok_s']:.1f} tok/s")
+        n = max(v["requests"] for v in row.values())
+        out.append(f"| {cat} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
