@@ -138,7 +138,7 @@ def test_settings_reach_the_drafter_and_do_not_leak(pair):
     assert first["additional"] == {"adaptive": "dflash", "diffusion_steps": 2, "confidence_threshold": 0.8,
                                    "overlap": "auto", "kv_injection": "reference", "guard_threshold": 1.3,
                                    "guard_margin": "noise", "guard_confirm": True, "reexplore_steps": 16.0,
-                                   "defer_injection": True, "draft_sampling": "auto", "drafter": "ours"}
+                                   "cross_lookup": 100_000, "defer_injection": True, "draft_sampling": "auto", "drafter": "ours"}
     assert first["drafter"] == "DFlashDrafter"
     assert (first["diffusion_steps"], first["adaptive"], first["confidence_threshold"]) == (2, "dflash", 0.8)
     assert first["kv_injection"] == "reference" and first["injection_path"] == "reference"  # behaviour, not a label
