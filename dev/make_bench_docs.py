@@ -26,12 +26,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from vllm_dflash.bench.categories import render_categories  # noqa: E402
 from vllm_dflash.bench.levels import DEFAULT_WAVES  # noqa: E402
 from vllm_dflash.bench.report import (ROUND_SPREAD_NOTE, idle_servers_worst, prompts_per_run_text,  # noqa: E402
                                       render_acceptance, render_adaptive, render_time_split, round_spread)
 
 sys.path.insert(0, str(REPO / "dev"))
-from results_registry import LATEST, MACHINES, MD_SECTIONS, ORDER, PROVENANCE, SERVING_TITLES  # noqa: E402
+from results_registry import CATEGORY_TABLES, LATEST, MACHINES, MD_SECTIONS, ORDER, PROVENANCE, SERVING_TITLES  # noqa: E402
 
 LATEST_DIR = REPO / "benchmarks" / "results"  # the latest result of each kind, as the entry scripts write it
 OLDER_DIR = REPO / "dev" / "results"  # every older result (JSON gzipped)
@@ -257,6 +258,7 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
             "", pivot(result), "",
             *([] if m.get("temperature") else
               [f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}."]), ""]
+    out += categories_section(result)
     lim = limit_table(result)
     if lim:
         out += lim
@@ -520,7 +522,15 @@ def brief_serving_section(stem: str, result: dict[str, Any]) -> list[str]:
             f"[dev/BENCHMARKS-history.md]({link(HISTORY)}#{anchor(full)}); per-run details: "
             f"[{per_run.relative_to(REPO)}]({link(per_run)})", "",
             pivot(result)] + ([] if m.get("temperature") else
-                              ["", f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}."])
+                              ["", f"Greedy outputs identical to `none` ({eng['dtype']}): {greedy_summary(result)}."]
+                              ) + (["", *categories_section(result)[:-1]] if stem in CATEGORY_TABLES else [])
+
+
+def categories_section(result: dict[str, Any]) -> list[str]:
+    """Open chat per category at concurrency 1 (bench/categories.py), where the run has it."""
+    cats = render_categories(result["runs"])
+    return ["Open chat per category at concurrency 1 (output tokens / request latency, summed per category; "
+            "speed-up over `none`):", "", cats, ""] if cats else []
 
 
 def workload(m: dict[str, Any]) -> str:

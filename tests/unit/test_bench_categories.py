@@ -29,3 +29,11 @@ def test_per_category_sums_tokens_over_latency(monkeypatch):
 def test_no_open_chat_no_table():
     assert render_categories([{"config": "none", "prompt_set": "humaneval", "concurrency": 1,
                                "requests": [{"id": "HumanEval/0", "completion_tokens": 5, "latency_s": 1.0}]}]) is None
+
+
+def test_only_the_best_speed_up_per_category_is_bold(monkeypatch):
+    monkeypatch.setattr(categories, "categories_of", lambda ps: {"a": "math"} if ps == "open-chat" else {})
+    runs = [{"config": c, "prompt_set": "open-chat", "concurrency": 1, "ok": True,
+             "requests": [{"id": "a", "completion_tokens": 100, "latency_s": lat}]}
+            for c, lat in (("none", 2.0), ("ngram", 1.6), ("ours", 1.0))]
+    assert "| math | 1 | 50.0 tok/s | 1.25× (62.5 tok/s) | **2.00×** (100.0 tok/s) |" in render_categories(runs)

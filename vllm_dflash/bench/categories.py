@@ -44,7 +44,7 @@ def per_category(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, fl
 
 
 def render_categories(runs: list[dict[str, Any]]) -> str | None:
-    """A markdown table: per category, each configuration's tok/s at c1 and its speed-up over `none`."""
+    """A markdown table: per category, each configuration's tok/s at c1 and its speed-up over `none` (the best in bold)."""
     table = per_category(runs)
     if not table:
         return None
@@ -53,13 +53,15 @@ def render_categories(runs: list[dict[str, Any]]) -> str | None:
     for cat in sorted(table):
         row = table[cat]
         base = row.get("none", {}).get("tok_s")
+        best = max((row[c]["tok_s"] for c in configs if c != "none" and c in row), default=None)
         cells = []
         for c in configs:
             v = row.get(c)
             if v is None:
                 cells.append("–")
             elif base and c != "none":
-                cells.append(f"**{v['tok_s'] / base:.2f}×** ({v['tok_s']:.1f} tok/s)")
+                ratio = f"{v['tok_s'] / base:.2f}×"
+                cells.append(f"{f'**{ratio}**' if v['tok_s'] == best else ratio} ({v['tok_s']:.1f} tok/s)")
             else:
                 cells.append(f"{v['tok_s']:.1f} tok/s")
         n = max(v["requests"] for v in row.values())
