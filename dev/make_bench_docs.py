@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_dflash.bench.categories import render_categories  # noqa: E402
+from vllm_dflash.bench.categories import CAPTION, render_categories  # noqa: E402
 from vllm_dflash.bench.levels import DEFAULT_WAVES  # noqa: E402
 from vllm_dflash.bench.report import (ROUND_SPREAD_NOTE, idle_servers_worst, prompts_per_run_text,  # noqa: E402
                                       render_acceptance, render_adaptive, render_time_split, round_spread)
@@ -529,8 +529,7 @@ def brief_serving_section(stem: str, result: dict[str, Any]) -> list[str]:
 def categories_section(result: dict[str, Any]) -> list[str]:
     """Open chat per category at concurrency 1 (bench/categories.py), where the run has it."""
     cats = render_categories(result["runs"])
-    return ["Open chat per category at concurrency 1 (output tokens / request latency, summed per category; "
-            "speed-up over `none`):", "", cats, ""] if cats else []
+    return [CAPTION + ":", "", cats, ""] if cats else []
 
 
 def workload(m: dict[str, Any]) -> str:

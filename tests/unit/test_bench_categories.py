@@ -37,3 +37,15 @@ def test_only_the_best_speed_up_per_category_is_bold(monkeypatch):
              "requests": [{"id": "a", "completion_tokens": 100, "latency_s": lat}]}
             for c, lat in (("none", 2.0), ("ngram", 1.6), ("ours", 1.0))]
     assert "| math | 1 | 50.0 tok/s | 1.25× (62.5 tok/s) | **2.00×** (100.0 tok/s) |" in render_categories(runs)
+
+
+def test_tokens_per_chunk_beside_the_speed_up(monkeypatch):
+    """Completion tokens per streamed chunk per category (the client's count of engine steps per request)."""
+    monkeypatch.setattr(categories, "categories_of", lambda ps: {"a": "math", "b": "math"} if ps == "open-chat" else {})
+    req = lambda i, tok, lat, ch: {"id": i, "completion_tokens": tok, "latency_s": lat, "chunks": ch}  # noqa: E731
+    runs = [{"config": "none", "prompt_set": "open-chat", "concurrency": 1, "ok": True,
+             "requests": [req("a", 100, 2.0, 100), req("b", 100, 2.0, 100)]},
+            {"config": "ours", "prompt_set": "open-chat", "concurrency": 1, "ok": True,
+             "requests": [req("a", 100, 1.0, 40), req("b", 100, 1.0, 60)]}]
+    assert per_category(runs)["math"]["ours"]["tokens_per_chunk"] == 2.0  # 200 tokens / 100 chunks
+    assert "| math | 2 | 50.0 tok/s | **2.00×** · 2.00 (100.0 tok/s) |" in render_categories(runs)

@@ -2,11 +2,18 @@
 """Per-category speed at concurrency 1 (issue 54.3): on `open-chat`, each configuration's output tokens / request
 latency summed per category of the prompts (writing, role-play, reasoning, math, coding, ...), as a speed-up over
 `none` (stock vLLM) and beside stock n-gram. Only at concurrency 1, where a request has the engine to itself and its
-latency is its own cost; at higher concurrency requests share steps and per-request figures mean little."""
+latency is its own cost; at higher concurrency requests share steps and per-request figures mean little. Beside it,
+completion tokens per streamed chunk (vLLM streams one chunk per engine step of a request: tokens per target forward,
+an upper estimate; runs before session 42 did not record it)."""
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
+
+
+CAPTION = ("Open chat per category at concurrency 1: speed-up over `none` · completion tokens per streamed chunk (one "
+           "chunk per engine step of a request: tokens per target forward, an upper estimate), in brackets output "
+           "tokens / request latency summed per category; the best speed-up per category in bold")
 
 
 def categories_of(prompt_set: str) -> dict[str, str]:
@@ -19,7 +26,8 @@ def categories_of(prompt_set: str) -> dict[str, str]:
 
 
 def per_category(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """-> {category: {config: {"tok_s", "requests"}}} over the c1 runs of open-chat sets (empty if none)."""
+    """-> {category: {config: {"tok_s", "requests"[, "tokens_per_chunk"]}}} over the c1 runs of open-chat sets (empty
+    if none)."""
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     cats: dict[str, dict[str, str]] = {}
     for r in runs:
@@ -30,7 +38,7 @@ def per_category(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, fl
             cats[ps] = categories_of(ps)
         if not cats[ps]:
             continue
-        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0])  # tokens, latency, requests, chunks
         for q in r["requests"]:
             c = cats[ps].get(q["id"])
             if c is not None and q.get("latency_s"):
@@ -38,8 +46,10 @@ def per_category(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, fl
                 s[0] += q["completion_tokens"]
                 s[1] += q["latency_s"]
                 s[2] += 1
-        for c, (tok, lat, n) in sums.items():
-            out[c][r["config"]] = {"tok_s": tok / lat, "requests": n}
+                s[3] += q.get("chunks") or 0
+        for c, (tok, lat, n, chunks) in sums.items():
+            out[c][r["config"]] = {"tok_s": tok / lat, "requests": n,
+                                   **({"tokens_per_chunk": tok / chunks} if chunks else {})}
     return dict(out)
 
 
@@ -61,7 +71,8 @@ def render_categories(runs: list[dict[str, Any]]) -> str | None:
                 cells.append("–")
             elif base and c != "none":
                 ratio = f"{v['tok_s'] / base:.2f}×"
-                cells.append(f"{f'**{ratio}**' if v['tok_s'] == best else ratio} ({v['tok_s']:.1f} tok/s)")
+                tpc = f" · {v['tokens_per_chunk']:.2f}" if "tokens_per_chunk" in v else ""
+                cells.append(f"{f'**{ratio}**' if v['tok_s'] == best else ratio}{tpc} ({v['tok_s']:.1f} tok/s)")
             else:
                 cells.append(f"{v['tok_s']:.1f} tok/s")
         n = max(v["requests"] for v in row.values())

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.bench.categories import render_categories
+from vllm_dflash.bench.categories import CAPTION, render_categories
 from vllm_dflash import exactness
 
 
@@ -255,8 +255,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             render_acceptance(result["runs"]), ""]
     cats = render_categories(result["runs"])
     if cats:
-        out += ["## Open chat per category at concurrency 1 (tok/s = output tokens / request latency, summed per "
-                "category; speed-up over `none`)", "", cats, ""]
+        out += ["## Open chat per category", "", CAPTION + ".", "", cats, ""]
     ts = render_time_split(result["runs"])
     if ts:
         out += ["## Where the wall time goes (share of wall time; per target forward)", "", ts, ""]

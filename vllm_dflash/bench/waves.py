@@ -94,7 +94,8 @@ def summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) ->
     if gauges:
         run["dflash_gauges"] = gauges
     run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}
-    run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "ttft_s", "latency_s")} for r in reqs]
+    run["requests"] = [{k: r[k] for k in ("id", "prompt_tokens", "completion_tokens", "chunks", "ttft_s", "latency_s")}
+                       for r in reqs]
     run["outputs"] = {r["id"]: r["text"] for r in reqs}
     # the server's token ids, for the exactness check only (_finish_run takes them out before the run is stored)
     run["token_ids"] = {r["id"]: {"prompt": r.get("prompt_token_ids"), "output": r.get("token_ids")} for r in reqs}
