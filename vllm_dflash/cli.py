@@ -93,7 +93,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                     train_fraction=a.train_fraction, greedy_only=a.greedy_only, precision=a.precision,
                     run_steps=a.run_steps, run_minutes=a.run_minutes, device=a.device,
                     time_budget_minutes=a.time_budget_minutes,
-                    hint_ngram=tuple(a.hints) if a.hints else None, hint_prob=a.hint_prob, gamma=a.gamma)
+                    hint_ngram=tuple(a.hints) if a.hints else None, hint_prob=a.hint_prob, gamma=a.gamma,
+                    kl_weight=a.kl_weight, kl_temperature=a.kl_temperature)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -252,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gamma", type=float, default=tc.gamma,
                    help="loss weight decay over block slots, w_k = exp(-(k-1)/gamma) (default: the paper's, 4 for "
                         "block 8, 5 for 10, 7 for 16; smaller puts more weight on the first slots)")
+    s.add_argument("--kl-weight", type=float, default=tc.kl_weight,
+                   help="weight of KL(target || draft) against the cross-entropy on the target's tokens, the target's "
+                        "distribution from the cached features (0: cross-entropy only)")
+    s.add_argument("--kl-temperature", type=float, default=tc.kl_temperature,
+                   help="temperature of both distributions in the KL term")
     s.add_argument("--hint-prob", type=float, default=tc.hint_prob,
                    help="hinted drafts: share of blocks fed their hints where the lookup matches (the rest are plain)")
     s.set_defaults(fn=cmd_train)

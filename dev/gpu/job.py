@@ -188,10 +188,12 @@ def main() -> int:
     ap.add_argument("--wave", type=int, default=4096)
     ap.add_argument("--max-new-tokens", type=int, default=384)
     # issue 54.5's arms side by side (README "Open-ended campaign"): v4 fine-tuned on greedy data only (control), on
-    # greedy + sampled answers (towards the target's distribution), with a steeper γ (2, default 4), grown to 2 layers
+    # greedy + sampled answers (towards the target's distribution), with a steeper γ (2, default 4), grown to 2
+    # layers, and with half its loss the KL to the target's distribution (train/target_tail.py)
     V4 = "--init-draft models/SmolLM2-135M-Instruct-DFlash-b8 --lr 3e-4"
     ap.add_argument("--variants", default=f"ft:{V4};ftsamp:{V4} --no-greedy-only;"
-                    f"ftgamma:{V4} --no-greedy-only --gamma 2;l2grown:{V4} --no-greedy-only --layers 2")
+                    f"ftgamma:{V4} --no-greedy-only --gamma 2;l2grown:{V4} --no-greedy-only --layers 2;"
+                    f"ftkl:{V4} --no-greedy-only --kl-weight 0.5")
     ap.add_argument("--train-args", default="--batch-size 32 --anchors 64 --lr 6e-4 --log-every 20 --threads 4")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sample-fraction", type=float, default=0.0,

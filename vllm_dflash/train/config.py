@@ -20,6 +20,10 @@ class TrainConfig:
     max_steps: int | None = None
     anchors_per_seq: int = 32
     gamma: float | None = None
+    # the KL term (issue 54.5): loss = (1 - kl_weight) * CE(target's token) + kl_weight * KL(target || draft), the
+    # target's next-token distribution over the draft vocabulary at kl_temperature (train/target_tail.py). 0: CE only
+    kl_weight: float = 0.0
+    kl_temperature: float = 1.0
     run_steps: int | None = None  # stop (and checkpoint) after this many steps in this invocation; resume continues
     run_minutes: float | None = None  # likewise after this much wall time
     # fit the schedule to a time budget: after `probe_steps` steps the lr schedule's length becomes the steps that

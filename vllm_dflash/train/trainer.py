@@ -81,6 +81,16 @@ class BlockDiffusionTrainer:
         V = draft_model.config.vocab_size
         self.t2d = torch.full((V,), -1, dtype=torch.long, device=self.device)
         self.t2d[draft_model.draft_to_target.to(self.device)] = torch.arange(len(draft_model.draft_to_target), device=self.device)
+        self.tail = None
+        if self.cfg.kl_weight:
+            if not 0 < self.cfg.kl_weight <= 1 or self.cfg.kl_temperature <= 0:
+                raise ValueError(f"kl_weight {self.cfg.kl_weight}, kl_temperature {self.cfg.kl_temperature}. Fix: a "
+                                 "kl_weight in (0, 1] (0 turns the KL term off) and a kl_temperature above 0")
+            from vllm_dflash.train.target_tail import TargetTail
+
+            ids = list(draft_model.config.target_layer_ids)
+            self.deepest = ids.index(max(ids))  # its slice of the features: [deepest * H, (deepest + 1) * H)
+            self.tail = TargetTail(target_model, max(ids), draft_model.draft_to_target)
         self.state = {"step": 0, "epoch": 0, "pos": 0, "history": []}
         self._stop = False
 
@@ -143,12 +153,33 @@ class BlockDiffusionTrainer:
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.clamp(min=0).reshape(-1),
                              reduction="none").view_as(tgt)
         w = self.weights[None, None, :] * valid
-        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+        extra = {}
+        per_slot = ce
+        if self.tail is not None:
+            kl = self._kl(feats, pos, logits)  # [N, A, B-1]
+            per_slot = (1 - self.cfg.kl_weight) * ce + self.cfg.kl_weight * kl
+            extra["kl"] = float((kl.detach() * w).sum() / w.sum().clamp(min=1e-6))
+        loss = (per_slot * w).sum() / w.sum().clamp(min=1e-6)
         with torch.no_grad():
             acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
         return loss, {"loss": float(loss.detach()), "acc": float(acc), "tokens": int(valid.sum()),
                       "blocks": int(anc_valid.sum()),
-                      "oov": float(((tgt < 0) & lab_valid.to(dev)).sum() / lab_valid.sum().clamp(min=1))}
+                      "oov": float(((tgt < 0) & lab_valid.to(dev)).sum() / lab_valid.sum().clamp(min=1)), **extra}
+
+    def _kl(self, feats: torch.Tensor, pos: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """KL(target || draft) per block slot. feats: [N, S, F]; pos: [N, A, B] the block positions; logits:
+        [N, A, B-1, V_draft]. Slot k predicts the token at anchor + k, which the target predicts from its final
+        hidden state at anchor + k - 1."""
+        from vllm_dflash.train.target_tail import kl_to_target
+
+        N, S, _ = feats.shape
+        H = feats.shape[-1] // len(self.draft.config.target_layer_ids)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            final = self.tail.final_hidden(feats[..., self.deepest * H:(self.deepest + 1) * H])  # [N, S, H]
+        at = pos[:, :, :-1].clamp(max=S - 1).to(feats.device)  # [N, A, B-1]
+        h = torch.gather(final, 1, at.reshape(N, -1, 1).expand(-1, -1, final.shape[-1]))  # [N, A*(B-1), H]
+        p_logits = self.tail.logits(h).view(*logits.shape)  # [N, A, B-1, V_draft]
+        return kl_to_target(p_logits, logits, self.cfg.kl_temperature)
 
     # ------------------------------------------------------------------ training
     def _make_scheduler(self, total_steps: int) -> None:
@@ -274,7 +305,8 @@ class BlockDiffusionTrainer:
                         self._log({"step": step, "epoch": e, "loss": info["loss"], "acc": info["acc"],
                                    "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
                                    "blocks_per_s": round(blk_acc / dt, 1), "label_tokens_per_s": round(tok_acc / dt, 1),
-                                   "oov": info["oov"], "wall_s": round(self.state["wall_s"], 1)})
+                                   "oov": info["oov"], "wall_s": round(self.state["wall_s"], 1),
+                                   **({"kl": info["kl"]} if "kl" in info else {})})
                         bar.set_postfix(loss=f"{info['loss']:.3f}", acc=f"{info['acc']:.2f}", blk_s=f"{blk_acc / dt:.0f}")
                         t_last, tok_acc, blk_acc = time.perf_counter(), 0, 0
                     if eval_dataset is not None and len(eval_dataset) and step % cfg.eval_every == 0:
