@@ -94,7 +94,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                     run_steps=a.run_steps, run_minutes=a.run_minutes, device=a.device,
                     time_budget_minutes=a.time_budget_minutes,
                     hint_ngram=tuple(a.hints) if a.hints else None, hint_prob=a.hint_prob, gamma=a.gamma,
-                    kl_weight=a.kl_weight, kl_temperature=a.kl_temperature)
+                    kl_weight=a.kl_weight, kl_temperature=a.kl_temperature,
+                    eval_temperature=a.eval_temperature)
     print(json.dumps(res, indent=1))
     return 0
 
@@ -258,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "distribution from the cached features (0: cross-entropy only)")
     s.add_argument("--kl-temperature", type=float, default=tc.kl_temperature,
                    help="temperature of both distributions in the KL term")
+    s.add_argument("--eval-temperature", type=float, default=tc.eval_temperature,
+                   help="held-out evaluation also estimates acceptance of drafts sampled at this temperature "
+                        "(eval_sampled in the log; 0: off)")
     s.add_argument("--hint-prob", type=float, default=tc.hint_prob,
                    help="hinted drafts: share of blocks fed their hints where the lookup matches (the rest are plain)")
     s.set_defaults(fn=cmd_train)

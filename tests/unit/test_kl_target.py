@@ -62,3 +62,47 @@ def test_training_with_the_kl_term_lowers_it(pair, tgt):
     rows = [r for r in t.state["history"] if "loss" in r]
     assert all(abs(r["loss"] - r["kl"]) < 1e-4 for r in rows)  # weight 1: the loss is the KL
     assert sum(r["kl"] for r in rows[-3:]) < 0.8 * sum(r["kl"] for r in rows[:3])
+
+
+def test_sampled_acceptance_is_sum_of_min_and_one_when_the_draft_is_the_target():
+    from vllm_dflash.train.target_tail import sampled_acceptance
+
+    logits = torch.randn(3, 5, 11)
+    p = torch.softmax(logits / 0.7, -1)
+    torch.testing.assert_close(sampled_acceptance(p, logits, 0.7), torch.ones(3, 5))  # q == p
+    q_logits = torch.randn(3, 5, 11)
+    want = torch.minimum(p, torch.softmax(q_logits / 0.7, -1)).sum(-1)
+    torch.testing.assert_close(sampled_acceptance(p, q_logits, 0.7), want)
+    assert (want < 1).all()
+
+
+def test_held_out_evaluation_estimates_sampled_acceptance(pair, tgt):
+    """evaluate() reports `sampled`: per-slot sum(min(p, q)) at eval_temperature over every anchor (teacher-forced),
+    and the expected accepted length 1 + sum_k prod_{j<=k} alpha_j; with eval_temperature 0 it is not computed.
+    Checked against a direct computation for one anchor: the target's own next-token distribution from a full
+    forward, the draft's block logits."""
+    from vllm_dflash.train import evaluation
+
+    torch.manual_seed(0)
+    recs = tiny_trajectories(tgt, 2, response_len=12, seed=3)
+    ds = TrajectoryDataset(recs)
+    d = DFlashDraftModel.from_pretrained(pair / "draft-b8", target=tgt)
+    d.init_weights(0.05)
+    t = BlockDiffusionTrainer(d, tgt, autocast_bf16=False, eval_temperature=0.7)
+    r = t.evaluate(ds, estimate_speedup=False)["sampled"]
+    B = t.block_size
+    assert len(r["per_position_acceptance"]) == B - 1 and all(0 <= a <= 1 for a in r["per_position_acceptance"])
+    assert 1.0 <= r["acceptance_length"] <= B
+    # one anchor by hand: slot 1 at the sequence's first response position
+    s = ds.items[0]
+    a = torch.tensor([s.prompt_len])
+    alpha = t._sampled_acceptance(s, a)  # [1, B-1]
+    with torch.no_grad():
+        full = tgt(input_ids=torch.tensor([s.tokens])).logits[0, s.prompt_len].float()  # predicts token a + 1
+    p = torch.softmax(full / 0.7, -1)[d.draft_to_target]
+    with torch.no_grad():
+        _, q = evaluation.draft_all_anchors(d, t.features, B, t.device, s, a, logits=True)
+    want = torch.minimum(p, torch.softmax(q[0, 0] / 0.7, -1)).sum()
+    assert float(alpha[0, 0]) == pytest.approx(float(want), abs=1e-4)
+    t.cfg.eval_temperature = 0.0
+    assert "sampled" not in t.evaluate(ds, estimate_speedup=False)

@@ -17,6 +17,7 @@ CLI_TO_FIELD = {
     "time_budget_minutes": "time_budget_minutes", "diffusion_steps": "diffusion_steps", "hint_prob": "hint_prob",
     "eval_every": "eval_every", "ckpt_every": "ckpt_every", "log_every": "log_every",
     "standardize_features": "standardize_features", "kl_weight": "kl_weight", "kl_temperature": "kl_temperature",
+    "eval_temperature": "eval_temperature",
 }
 
 

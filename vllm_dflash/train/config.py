@@ -24,6 +24,9 @@ class TrainConfig:
     # target's next-token distribution over the draft vocabulary at kl_temperature (train/target_tail.py). 0: CE only
     kl_weight: float = 0.0
     kl_temperature: float = 1.0
+    # held-out evaluation also estimates acceptance under sampling at this temperature (sum(min(p, q)) per slot, the
+    # target's p rebuilt from the features; train/evaluation.py): the bar for drafts meant for sampled serving. 0: off
+    eval_temperature: float = 0.7
     run_steps: int | None = None  # stop (and checkpoint) after this many steps in this invocation; resume continues
     run_minutes: float | None = None  # likewise after this much wall time
     # fit the schedule to a time budget: after `probe_steps` steps the lr schedule's length becomes the steps that

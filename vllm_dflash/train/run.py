@@ -117,7 +117,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
               device: str = "auto", time_budget_minutes: float | None = _TRAIN.time_budget_minutes,
               hint_ngram: tuple[int, int] | None = None, hint_prob: float = _TRAIN.hint_prob,
               gamma: float | None = _TRAIN.gamma, kl_weight: float = _TRAIN.kl_weight,
-              kl_temperature: float = _TRAIN.kl_temperature) -> dict[str, Any]:
+              kl_temperature: float = _TRAIN.kl_temperature,
+              eval_temperature: float = _TRAIN.eval_temperature) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from vllm_dflash.config import DFlashConfig
@@ -222,7 +223,8 @@ def run_train(*, data: str, out: str, target: str | None = None, num_layers: int
                                     feature_cache=feature_cache, standardize_features=standardize_features,
                                     autocast_bf16=autocast, run_steps=run_steps, run_minutes=run_minutes,
                                     time_budget_minutes=time_budget_minutes, hint_prob=hint_prob,
-                                    gamma=gamma, kl_weight=kl_weight, kl_temperature=kl_temperature)
+                                    gamma=gamma, kl_weight=kl_weight, kl_temperature=kl_temperature,
+                                    eval_temperature=eval_temperature)
     result = trainer.train(train, batch_size=batch_size, num_epochs=num_epochs, eval_dataset=held_run,
                            eval_every=eval_every, max_steps=max_steps)
     # the speed-up estimate times the reference loop on this device: meaningful for CPU serving only

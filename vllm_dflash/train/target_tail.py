@@ -29,8 +29,9 @@ class TargetTail:
         self.body = body
         self.config = target.config
         self.layers = list(body.layers)[deepest_layer + 1:]
-        # [V_draft, H]: the target's output embedding at the draft vocabulary's target ids
-        self.out_rows = target.get_output_embeddings().weight.detach()[vocab_rows.to(torch.long).cpu()]
+        self.vocab_rows = vocab_rows.to(torch.long).cpu()  # [V_draft] target ids
+        self.out_all = target.get_output_embeddings().weight.detach()  # [V, H]
+        self.out_rows = self.out_all[self.vocab_rows]  # [V_draft, H]: the output embedding at the draft vocabulary
 
     @torch.no_grad()
     def final_hidden(self, h: torch.Tensor) -> torch.Tensor:
@@ -52,6 +53,22 @@ class TargetTail:
     def logits(self, final: torch.Tensor) -> torch.Tensor:
         """final: [..., H] -> [..., V_draft] the target's logits over the draft vocabulary (fp32)."""
         return final.float() @ self.out_rows.to(final.device).float().T
+
+    @torch.no_grad()
+    def probs_at_draft_vocab(self, final: torch.Tensor, temperature: float) -> torch.Tensor:
+        """final: [..., H] -> [..., V_draft] the target's probabilities at temperature over its WHOLE vocabulary,
+        read at the draft vocabulary's tokens (they sum to at most 1: what a sampled draft can be accepted on)."""
+        logits = final.float() @ self.out_all.to(final.device).float().T  # [..., V]
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        return logp[..., self.vocab_rows.to(final.device)].exp()
+
+
+def sampled_acceptance(p: torch.Tensor, draft_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """p: [..., V_draft] the target's probabilities (`probs_at_draft_vocab`), draft_logits: [..., V_draft] -> [...]
+    the probability that a draft token sampled from q = softmax(draft / T) passes rejection sampling against p:
+    sum(min(p, q))."""
+    q = torch.softmax(draft_logits.float() / temperature, dim=-1)
+    return torch.minimum(p.float(), q).sum(-1)
 
 
 def kl_to_target(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -39,6 +39,9 @@ from vllm_dflash.utils import get_logger
 logger = get_logger(__name__)
 
 
+EVAL_KEYS = ("acceptance_length", "per_position_acceptance", "tokens_per_forward", "sampled")  # logged as eval_*
+
+
 def _seed_of(*parts: Any) -> int:
     return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:12], 16)
 
@@ -155,7 +158,7 @@ class BlockDiffusionTrainer:
         w = self.weights[None, None, :] * valid
         extra = {}
         per_slot = ce
-        if self.tail is not None:
+        if self.cfg.kl_weight:
             kl = self._kl(feats, pos, logits)  # [N, A, B-1]
             per_slot = (1 - self.cfg.kl_weight) * ce + self.cfg.kl_weight * kl
             extra["kl"] = float((kl.detach() * w).sum() / w.sum().clamp(min=1e-6))
@@ -261,7 +264,7 @@ class BlockDiffusionTrainer:
             # the curve's first point: a fine-tune's starting τ on this run's held-out set (the bar to beat)
             ev = self.evaluate(eval_dataset, estimate_speedup=False)
             self._log({"step": 0, "eval_sequences": len(eval_dataset),
-                       **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance", "tokens_per_forward")}})
+                       **{f"eval_{k}": v for k, v in ev.items() if k in EVAL_KEYS}})
             t_start = t_last = time.perf_counter()
         try:
             while self.state["step"] < total and self.state["epoch"] < cfg.num_epochs and not self._stop and not paused:
@@ -312,7 +315,7 @@ class BlockDiffusionTrainer:
                     if eval_dataset is not None and len(eval_dataset) and step % cfg.eval_every == 0:
                         ev = self.evaluate(eval_dataset, estimate_speedup=False)
                         self._log({"step": step, "eval_sequences": len(eval_dataset),
-                                   **{f"eval_{k}": v for k, v in ev.items() if k in ("acceptance_length", "per_position_acceptance", "tokens_per_forward")}})
+                                   **{f"eval_{k}": v for k, v in ev.items() if k in EVAL_KEYS}})
                         best = self.state.get("best_eval")
                         if self.out_dir and (best is None or ev["acceptance_length"] > best["acceptance_length"]):
                             self.state["best_eval"] = {"step": step, "acceptance_length": ev["acceptance_length"]}
@@ -379,7 +382,8 @@ class BlockDiffusionTrainer:
         """Teacher-forced replay of the greedy loop on greedy target trajectories: exact τ for those contexts, and
         tokens per target forward of every drafting method (`evaluation.evaluate_draft`); estimate_speedup: also
         the reference-loop speed-up that τ implies on this device (`estimate_speedup`)."""
-        out = evaluation.evaluate_draft(self.draft, self.block_size, eval_dataset, self._draft_all)
+        out = evaluation.evaluate_draft(self.draft, self.block_size, eval_dataset, self._draft_all,
+                                        self._sampled_acceptance if self.cfg.eval_temperature else None)
         if estimate_speedup:
             out.update(self.estimate_speedup(out["acceptance_length"]))
         return out
@@ -389,6 +393,17 @@ class BlockDiffusionTrainer:
         """Greedy draft blocks at every anchor of sequence s (`evaluation.draft_all_anchors`)."""
         return evaluation.draft_all_anchors(self.draft, self.features, self.block_size, self.device, s, anchors, hints,
                                             chunk, second_choice)
+
+    def _sampled_acceptance(self, s, anchors: torch.Tensor) -> torch.Tensor:
+        """[A, B-1] sampled acceptance per slot at cfg.eval_temperature (`evaluation.sampled_acceptance_of`)."""
+        if self.tail is None:
+            from vllm_dflash.train.target_tail import TargetTail
+
+            ids = list(self.draft.config.target_layer_ids)
+            self.deepest = ids.index(max(ids))
+            self.tail = TargetTail(self.target, max(ids), self.draft.draft_to_target)
+        return evaluation.sampled_acceptance_of(self.draft, self.features, self.tail, self.block_size, self.device,
+                                                self.cfg.eval_temperature, s, anchors)
 
     def estimate_speedup(self, tau: float, context: int = 256, reps: int = 3) -> dict[str, float]:
         """Reference-loop speedup implied by τ (`evaluation.estimate_speedup`)."""
