@@ -89,11 +89,7 @@ class BlockDiffusionTrainer:
             if not 0 < self.cfg.kl_weight <= 1 or self.cfg.kl_temperature <= 0:
                 raise ValueError(f"kl_weight {self.cfg.kl_weight}, kl_temperature {self.cfg.kl_temperature}. Fix: a "
                                  "kl_weight in (0, 1] (0 turns the KL term off) and a kl_temperature above 0")
-            from vllm_dflash.train.target_tail import TargetTail
-
-            ids = list(draft_model.config.target_layer_ids)
-            self.deepest = ids.index(max(ids))  # its slice of the features: [deepest * H, (deepest + 1) * H)
-            self.tail = TargetTail(target_model, max(ids), draft_model.draft_to_target)
+            self.tail = self._make_tail()
         self.state = {"step": 0, "epoch": 0, "pos": 0, "history": []}
         self._stop = False
 
@@ -169,10 +165,17 @@ class BlockDiffusionTrainer:
                       "blocks": int(anc_valid.sum()),
                       "oov": float(((tgt < 0) & lab_valid.to(dev)).sum() / lab_valid.sum().clamp(min=1)), **extra}
 
+    def _make_tail(self):
+        """The target above the deepest feature layer (target_tail.py); self.deepest: that layer's feature slice."""
+        from vllm_dflash.train.target_tail import TargetTail
+
+        ids = list(self.draft.config.target_layer_ids)
+        self.deepest = ids.index(max(ids))
+        return TargetTail(self.target, max(ids), self.draft.draft_to_target)
+
     def _kl(self, feats: torch.Tensor, pos: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """KL(target || draft) per block slot. feats: [N, S, F]; pos: [N, A, B] the block positions; logits:
-        [N, A, B-1, V_draft]. Slot k predicts the token at anchor + k, which the target predicts from its final
-        hidden state at anchor + k - 1."""
+        """[N, A, B-1] KL(target || draft) per slot; feats [N, S, F], pos [N, A, B], logits [N, A, B-1, V_draft].
+        Slot k predicts the token at anchor + k: the target does so from its final hidden state at anchor + k - 1."""
         from vllm_dflash.train.target_tail import kl_to_target
 
         N, S, _ = feats.shape
@@ -397,11 +400,7 @@ class BlockDiffusionTrainer:
     def _sampled_acceptance(self, s, anchors: torch.Tensor) -> torch.Tensor:
         """[A, B-1] sampled acceptance per slot at cfg.eval_temperature (`evaluation.sampled_acceptance_of`)."""
         if self.tail is None:
-            from vllm_dflash.train.target_tail import TargetTail
-
-            ids = list(self.draft.config.target_layer_ids)
-            self.deepest = ids.index(max(ids))
-            self.tail = TargetTail(self.target, max(ids), self.draft.draft_to_target)
+            self.tail = self._make_tail()
         return evaluation.sampled_acceptance_of(self.draft, self.features, self.tail, self.block_size, self.device,
                                                 self.cfg.eval_temperature, s, anchors)
 
