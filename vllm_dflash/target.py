@@ -9,6 +9,7 @@ reused (a `.complete` marker is written last, so an interrupted run is redone).
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import shutil
@@ -53,14 +54,26 @@ def is_prepared(path: Path) -> bool:
 
 def prepare_target(out_dir: str | Path | None = None, dtype: str = "bfloat16", force: bool = False) -> Path:
     """Convert the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder; return its path."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
     out = Path(out_dir) if out_dir is not None else default_target_dir()
     if is_prepared(out) and not force:
         return out
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype: {dtype!r} is not supported. Fix: use 'bfloat16' or 'float32'")
+    # Several processes may ask at once (a collection and a training job started together): one prepares,
+    # the others wait on the lock and then find the folder ready.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_prepared(out) and not force:
+            return out
+        return _convert(out, dtype)
+
+
+def _convert(out: Path, dtype: str) -> Path:
+    """The conversion itself (the caller holds the folder's lock)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
     pkg_dir = _gguf_dir()
     logger.info("preparing %s from %s (dtype %s) into %s", DEFAULT_TARGET_NAME, pkg_dir / GGUF_FILE, dtype, out)
     tmp = out.with_name(out.name + ".partial")
