@@ -52,7 +52,7 @@ def _extensions():
         exts.append(
             cpp_extension.CUDAExtension(
                 "vllm_dflash._C_cuda",
-                [str(cuda_src.relative_to(ROOT))],
+                [str(cuda_src.relative_to(ROOT)), "csrc/kv_injection_cuda_module.cpp"],
                 extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math"]},
             )
         )

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
-@pytest.mark.build  # minutes of nvcc on 2 cores: not in the fast path (scripts/test.sh --unit)
+@pytest.mark.build  # about a minute of nvcc: not in the fast path (scripts/test.sh --unit)
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.timeout(600)
 def test_cuda_kernel_compiles_with_nvcc(tmp_path):
@@ -34,3 +34,13 @@ def test_cuda_kernel_compiles_with_nvcc(tmp_path):
     errors = [l for l in (r.stdout + r.stderr).splitlines() if " error" in l or "fatal" in l]
     assert r.returncode == 0 and not errors, "\n".join(errors[:20]) or r.stderr[-3000:]
     assert (tmp_path / "kv_injection_cuda.o").stat().st_size > 10_000
+    # the Python module of the library (setup.py builds it beside the .cu with the host compiler)
+    mod = subprocess.run(["g++", "-std=c++20", "-O3", "-fPIC", "-c", str(ROOT / "csrc" / "kv_injection_cuda_module.cpp"),
+                          "-o", str(tmp_path / "module.o"), f"-I{sysconfig.get_paths()['include']}"],
+                         capture_output=True, text=True, timeout=120)
+    assert mod.returncode == 0, mod.stderr[-3000:]
+    if shutil.which("nm"):  # the kernels' registration in one object, the module's entry point in the other
+        syms = subprocess.run(["nm", "-C", str(tmp_path / "kv_injection_cuda.o")], capture_output=True, text=True).stdout
+        assert "fused_context_kv_to_cache_cuda" in syms and "fused_context_kv_cuda" in syms
+        init = subprocess.run(["nm", str(tmp_path / "module.o")], capture_output=True, text=True).stdout
+        assert "T PyInit__C_cuda" in init, init
