@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak test (vllm_dflash/bench/soak/, run as benchmarks/soak.py) end to end: the quick mode against a real
 `vllm serve` with our drafter, with a KV cache small enough to force preemptions (--preempt), the request features
-mixed in and a server restart under load, passes its checks (marked vllm, ~6 min on 2 cores). That the checks catch
-what they are meant to catch is tested without vLLM in tests/unit/test_soak_checks.py."""
+mixed in and a server restart under load, passes its checks (marked vllm). In CI on the tiny pair (tests/assets,
+about 2 min on 2 cores); on the default target and draft, as `benchmarks/soak.py --quick` runs it for
+docs/RELIABILITY.md, marked `slow` (6-9 min). That the checks catch what they are meant to catch is tested without
+vLLM in tests/unit/test_soak_checks.py."""
 import json
 import subprocess
 import sys
@@ -13,22 +15,35 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.mark.vllm
-def test_soak_quick(tmp_path):
-    """benchmarks/soak.py --quick --preempt against the default target and draft, float32: every check but the time
-    bound must pass (the time bound depends on what else the machine runs; a runaway is still caught below), among
-    them preemptions > 0, the restart (clean errors, no hang, greedy equal afterwards), the over-long prompt's 400 and
-    every request feature compared greedy under load."""
+def _soak(tmp_path, *models: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "soak.json"
     # --duration 600: the quick mode's own bound is 300 s, but on a loaded CI machine its watchdog must not stop the
     # server mid-round (that fails every other check); the bound is reported, runaways are still caught below
     # float32 (the soak's default, named here): greedy under load must equal alone token for token on every CPU kind
     proc = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--quick", "--preempt", "--duration", "600",
-                           "--out", str(out),
-                           "--dtype", "float32",
+                           "--out", str(out), "--dtype", "float32", *models,
                            "--log", str(tmp_path / "serve.log")], capture_output=True, text=True, timeout=1100)
     assert out.exists(), f"no JSON (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-3000:]}"
-    res = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+@pytest.mark.vllm
+def test_soak_quick(pair, tmp_path):
+    """benchmarks/soak.py --quick --preempt on the tiny pair, float32: every check but the time bound must pass (the
+    time bound depends on what else the machine runs; a runaway is still caught below), among them preemptions > 0,
+    the restart (clean errors, no hang, greedy equal afterwards), the over-long prompt's 400 and every request
+    feature compared greedy under load."""
+    _check(*_soak(tmp_path, "--target", str(pair / "target"), "--draft", str(pair / "draft-b8")))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_soak_quick_default_target(tmp_path):
+    """The same on the default target and draft (SmolLM2-135M-Instruct and the bundled draft)."""
+    _check(*_soak(tmp_path))
+
+
+def _check(proc: subprocess.CompletedProcess, res: dict) -> None:
     failed = {c["name"]: c["detail"] for c in res["checks"] if not c["ok"]}
     failed.pop("within_time_bound", None)
     # each unexpected outcome with its error, exception chain and connection trace (client.py)

@@ -273,3 +273,14 @@ def test_startup_suite_builds_its_bad_drafts_without_a_checkout(tmp_path, pair):
             validate_dflash_spec(spec, target)
         assert all(w in str(e.value) for w in by_name[name]["expect"]), (str(e.value), by_name[name]["expect"])
     DFlashConfig.from_pretrained(pair / "draft-b8").check_target(target)  # the draft under test itself fits
+
+
+@pytest.mark.parametrize("given", [["--target", "t"], ["--draft", "d"]])
+def test_target_and_draft_go_together(given, capsys):
+    """--target without --draft (or the reverse) is refused before anything starts, naming both flags."""
+    from vllm_dflash.bench.soak.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", *given])
+    assert e.value.code == 2
+    assert "--target and --draft go together" in capsys.readouterr().err

@@ -84,7 +84,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.time()
     sizes: Sizes = QUICK if a.quick else FULL
-    target, draft, untrained = resolve_models()
+    target, draft, untrained = (Path(a.target), Path(a.draft), False) if a.target else resolve_models()
     log(f"target {target}; draft {draft}{' (UNTRAINED)' if untrained else ''}")
     rng = random.Random(a.seed)
     prompts = load_prompts(sizes.max_prompt_chars)
@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
                         "one greedy case through it)")
     p.add_argument("--features-check", action="store_true",
                    help="run the served feature check against stock vLLM instead of the soak (features.py)")
-    p.add_argument("--target", default=None, help="--features-check: target folder (default: the soak's)")
-    p.add_argument("--draft", default=None, help="--features-check with --target: draft folder")
+    p.add_argument("--target", default=None, help="target folder (default: the demo's, SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="with --target: its draft folder")
     both = "{quick,full}"
     p.add_argument("--out", default=None, help=f"JSON result (default {out_default.replace('{mode}', both)})")
     p.add_argument("--log", default=None, help=f"server log (default {log_default.replace('{mode}', both)})")
@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
     p.add_argument("--md", default=None, help="with --render: write the markdown here (else stdout)")
     p.add_argument("--notes", default=None, help="with --render: a markdown file of findings to include")
     a = p.parse_args(argv)
+    if bool(a.target) != bool(a.draft):
+        p.error("--target and --draft go together (a target folder and its DFlash draft folder)")
     if a.render:
         md = render_markdown([json.loads(Path(f).read_text()) for f in a.render], a.render,
                              Path(a.notes).read_text() if a.notes else "", a.notes or "")
