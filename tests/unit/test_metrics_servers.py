@@ -124,7 +124,8 @@ PARENT = textwrap.dedent('''
             time.sleep(0.05)
         s.inc("draft_steps", 1)
         s.flush(force=True)
-        open(out + ".after", "w").write(json.dumps({"exists": folder.is_dir(), "steps": steps()}))
+        open(out + ".after.tmp", "w").write(json.dumps({"exists": folder.is_dir(), "steps": steps()}))
+        os.replace(out + ".after.tmp", out + ".after")  # whole or absent: the test polls for it
 ''')
 
 

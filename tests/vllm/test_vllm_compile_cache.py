@@ -24,23 +24,23 @@ def _twice(pair, cache, env, **extra):
     return run_vllm([run], env=env)[0], run_vllm([run], env=env)[0]
 
 
-@pytest.fixture(scope="module")
-def stock(pair, tmp_path_factory):
-    return _twice(pair, tmp_path_factory.mktemp("cache-stock"), {"VLLM_PLUGINS": ""})
-
-
-def test_stock_vllm_compiles_again(stock):
+# `slow`: what stock vLLM does cannot change while vLLM is pinned to 0.32.x (run it when the pin moves: when it
+# fails, vLLM fixed the bug and the patch can go)
+@pytest.mark.slow
+def test_stock_vllm_compiles_again(pair, tmp_path_factory):
     """The patch is needed: stock vLLM 0.32 on CPU (plugin not loaded) cannot load its own saved artifact."""
-    first, second = stock
+    first, second = _twice(pair, tmp_path_factory.mktemp("cache-stock"), {"VLLM_PLUGINS": ""})
     assert LOADED not in second["log"]
     assert FAILED in second["log"] and "finalize_loading" in second["log"], second["log"][-3000:]
     assert second["tokens"] == first["tokens"]
 
 
-@pytest.mark.parametrize("how", ["dflash", "extras"])
-def test_compile_cache_loads(pair, tmp_path_factory, stock, how):
+# `extras` is `slow`: the same patch, reached through the opt-in, which test_walls.py checks applies every patch
+@pytest.mark.parametrize("how", ["dflash", pytest.param("extras", marks=pytest.mark.slow)])
+def test_compile_cache_loads(pair, tmp_path_factory, how):
     """With the fix (an engine with our drafter; or no speculation under DFLASH_VLLM_EXTRAS=fixes) the second start
-    loads every saved model (no load failure) and its greedy tokens equal the first start's and stock's."""
+    loads every saved model (no load failure) and its greedy tokens equal the first start's (that they equal no
+    speculation's: test_vllm_drafter.py)."""
     if how == "dflash":
         extra, env = {"speculative_config": {"method": "dflash", "model": str(pair / "draft-b8")}}, {}
     else:
@@ -48,4 +48,4 @@ def test_compile_cache_loads(pair, tmp_path_factory, stock, how):
     first, second = _twice(pair, tmp_path_factory.mktemp(f"cache-{how}"), env, **extra)
     assert FAILED not in second["log"], second["log"][-3000:]
     assert LOADED in second["log"], second["log"][-3000:]
-    assert second["tokens"] == first["tokens"] == stock[0]["tokens"]
+    assert second["tokens"] == first["tokens"]

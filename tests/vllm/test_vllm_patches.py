@@ -91,48 +91,55 @@ _THREADS_AFTER = ("def _threads(worker=None):\n    import torch\n    return torc
                   "probe['threads'] = llm.collective_rpc(_threads)")
 
 
-@_NEEDS_TWO_CPUS
-def test_ngram_engine_keeps_worker_threads(pair):
-    """A real multi-process engine with vLLM's worker process (`--distributed-executor-backend mp`: the layout vLLM
-    0.32 uses on CPU without the plugin, worker bound to 2 cores) and vLLM's n-gram drafter: with the plugin the
-    worker's torch still uses both threads after generating with proposals (without the plugin it is down to one:
-    test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
-    spec = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, [9, 10, 11] * 8], "max_tokens": 16,
-            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-                                   "prompt_lookup_max": 3}, "after": _THREADS_AFTER,
-            "llm_kwargs": {"distributed_executor_backend": "mp"}}
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **FIXES}  # the probe is a function sent to the worker (test-only)
-    (ok,) = run_vllm([spec], env=env)
-    assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
-    assert ok["probe"]["threads"] == [2], ok["probe"]
-
-
 # --------------------------------------------------------------------------- patches/cpu_uniproc.py
 _WHERE_AFTER = ("def _where(worker=None):\n    import os, torch\n"
                 "    return [os.getpid(), open(f'/proc/{os.getpid()}/comm').read().strip(), torch.get_num_threads(), "
                 "sorted(os.sched_getaffinity(0))]\n"
                 "probe['where'] = llm.collective_rpc(_where)\n"
                 "probe['backend'] = str(llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend)")
+_MP_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probes are functions sent to the engine (test-only)
+
+
+@pytest.fixture(scope="module")
+def multiprocess_engines(pair) -> dict:
+    """Multi-process engines (the engine core in its own process, as `vllm serve` runs them) on CPU with one worker
+    and VLLM_CPU_OMP_THREADS_BIND=0-1, with DFLASH_VLLM_EXTRAS=all: vLLM's default layout (`uni`), the worker
+    process kept (`distributed_executor_backend="mp"`), and vLLM's n-gram drafter with the worker process (last:
+    once numba is imported, vLLM's CPU kernel-override scan fails for any later engine in the process,
+    docs/CONTRACTS.md); then the in-process reference and the plugin without the opt-in (each its own process)."""
+    base = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, LONG_PROMPTS[0][:40]], "max_tokens": 24,
+            "after": _WHERE_AFTER}
+    ngram = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, [9, 10, 11] * 8], "max_tokens": 16,
+             "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                                    "prompt_lookup_max": 3}, "after": _THREADS_AFTER,
+             "llm_kwargs": {"distributed_executor_backend": "mp"}}
+    uni, mp, ngram_mp = run_vllm([base, {**base, "llm_kwargs": {"distributed_executor_backend": "mp"}}, ngram],
+                                 env={**_MP_ENV, **ALL})
+    (inproc,) = run_vllm([{**base, "after": ""}])  # VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM keeps `uni` itself
+    (walled,) = run_vllm([base], env=_MP_ENV)  # the plugin without the opt-in: vLLM's layout (the walls)
+    return {"uni": uni, "mp": mp, "ngram_mp": ngram_mp, "inproc": inproc, "walled": walled}
 
 
 @_NEEDS_TWO_CPUS
-def test_cpu_engine_core_runs_the_model(pair):
-    """Multi-process engines (the engine core in its own process, as `vllm serve` runs) on CPU with one worker and
-    VLLM_CPU_OMP_THREADS_BIND=0-1: with the plugin the model runs in the engine core process itself (vLLM's `uni`
-    executor: no process named VLLM::Worker), on the OpenMP layout vLLM gives its worker (2 threads, CPUs 0-1), and
-    its greedy tokens equal the in-process engine's. `distributed_executor_backend="mp"` keeps vLLM's worker process.
-    Without the plugin vLLM replaces `uni` with a worker process (when that half fails, vLLM keeps `uni` on CPU itself
-    and the patch can go); so does the plugin without the opt-in DFLASH_VLLM_EXTRAS=all (no DFlash drafter here)."""
-    base = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, LONG_PROMPTS[0][:40]], "max_tokens": 24,
-            "after": _WHERE_AFTER}
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the probe is a function sent to the engine (test-only)
-    uni, mp = run_vllm([base, {**base, "llm_kwargs": {"distributed_executor_backend": "mp"}}], env={**env, **ALL})
-    (inproc,) = run_vllm([{**base, "after": ""}])  # VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM keeps `uni` itself
-    (bare,) = run_vllm([base], env={**env, "VLLM_PLUGINS": ""})
-    (walled,) = run_vllm([base], env=env)  # the plugin without the opt-in: vLLM's layout (the walls)
+def test_ngram_engine_keeps_worker_threads(multiprocess_engines):
+    """A real multi-process engine with vLLM's worker process (`--distributed-executor-backend mp`: the layout vLLM
+    0.32 uses on CPU without the plugin, worker bound to 2 cores) and vLLM's n-gram drafter: with the plugin's opt-in
+    the worker's torch still uses both threads after generating with proposals (without the plugin it is down to
+    one: test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
+    ok = multiprocess_engines["ngram_mp"]
+    assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
+    assert ok["probe"]["threads"] == [2], ok["probe"]
 
+
+@_NEEDS_TWO_CPUS
+def test_cpu_engine_core_runs_the_model(multiprocess_engines):
+    """With the plugin (opt-in `all`) the model runs in the engine core process itself (vLLM's `uni` executor: no
+    process named VLLM::Worker), on the OpenMP layout vLLM gives its worker (2 threads, CPUs 0-1), and its greedy
+    tokens equal the in-process engine's. `distributed_executor_backend="mp"` keeps vLLM's worker process. The plugin
+    without the opt-in (no DFlash drafter here) leaves vLLM's own layout: vLLM replaces `uni` with a worker process
+    (when vLLM keeps `uni` on CPU itself, that assertion fails and the patch can go)."""
+    uni, mp, inproc, walled = (multiprocess_engines[k] for k in ("uni", "mp", "inproc", "walled"))
     assert uni["probe"]["backend"] == "uni", uni["probe"]
     ((pid, comm, threads, cpus),) = uni["probe"]["where"]
     assert comm.startswith("VLLM::EngineCor") and pid != os.getpid(), uni["probe"]  # the engine core, not a worker
@@ -140,7 +147,6 @@ def test_cpu_engine_core_runs_the_model(pair):
     assert uni["tokens"] == inproc["tokens"]
     assert mp["probe"]["backend"] == "mp" and mp["probe"]["where"][0][1].startswith("VLLM::Worker"), mp["probe"]
     assert mp["tokens"] == inproc["tokens"]
-    assert bare["probe"]["backend"] == "mp" and bare["probe"]["where"][0][1].startswith("VLLM::Worker"), bare["probe"]
     assert walled["probe"]["backend"] == "mp" and walled["probe"]["where"][0][1].startswith("VLLM::Worker")
 
 
