@@ -33,13 +33,13 @@ probe.update(ours=ours, onednn=onednn, other=other)
 
 
 class _Zygote:
-    """This process's vLLM zygote (tests/support/vllm_zygote.py): started at the first forked run, with this
-    process's environment plus BASE_ENV; ended with the process."""
+    """This process's vLLM zygote (tests/support/vllm_zygote.py): started at the first forked run with `env` (this
+    process's environment plus BASE_ENV); ended with the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         import atexit
 
-        self.env = {**os.environ, **BASE_ENV}
+        self.env = env
         r, w = os.pipe()
         self.proc = subprocess.Popen([sys.executable, str(ZYGOTE), str(w)], env=self.env, stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,), text=True)
@@ -109,7 +109,7 @@ def run_vllm(runs: list[dict], env: dict | None = None, timeout: int = 1200) -> 
             if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None or load_time(_ZYGOTE.env) != load_time(base):
                 if _ZYGOTE is not None:
                     _ZYGOTE.close()
-                _ZYGOTE = _Zygote()
+                _ZYGOTE = _Zygote(base)
             rc = _ZYGOTE.run([str(RUNNER), spec_file], full_env, out, err, timeout)
             stdout, stderr = Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")
     log = stdout + stderr

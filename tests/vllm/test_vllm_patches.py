@@ -88,7 +88,9 @@ def test_numba_ngram_drops_omp_threads():
 
 
 _THREADS_AFTER = ("def _threads(worker=None):\n    import torch\n    return torch.get_num_threads()\n"
-                  "probe['threads'] = llm.collective_rpc(_threads)")
+                  "probe['threads'] = llm.collective_rpc(_threads)\n"
+                  "def _extras(worker=None):\n    import os\n    return os.environ.get('DFLASH_VLLM_EXTRAS')\n"
+                  "probe['extras'] = llm.collective_rpc(_extras)")
 
 
 # --------------------------------------------------------------------------- patches/cpu_uniproc.py
@@ -104,8 +106,8 @@ _MP_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "
 @pytest.fixture(scope="module")
 def multiprocess_engines(pair) -> dict:
     """Multi-process engines (the engine core in its own process, as `vllm serve` runs them) on CPU with one worker
-    and VLLM_CPU_OMP_THREADS_BIND=0-1, with DFLASH_VLLM_EXTRAS=all: vLLM's default layout (`uni`), the worker
-    process kept (`distributed_executor_backend="mp"`), and vLLM's n-gram drafter with the worker process (last:
+    and VLLM_CPU_OMP_THREADS_BIND=0-1: with DFLASH_VLLM_EXTRAS=all vLLM's default layout (`uni`) and the worker
+    process kept (`distributed_executor_backend="mp"`); with DFLASH_VLLM_EXTRAS=fixes vLLM's n-gram drafter (last:
     once numba is imported, vLLM's CPU kernel-override scan fails for any later engine in the process,
     docs/CONTRACTS.md); then the in-process reference and the plugin without the opt-in (each its own process)."""
     base = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, LONG_PROMPTS[0][:40]], "max_tokens": 24,
@@ -113,7 +115,7 @@ def multiprocess_engines(pair) -> dict:
     ngram = {"model": str(pair / "target"), "prompts": [[5, 6, 7, 8] * 6, [9, 10, 11] * 8], "max_tokens": 16,
              "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                                     "prompt_lookup_max": 3}, "after": _THREADS_AFTER,
-             "llm_kwargs": {"distributed_executor_backend": "mp"}}
+             "llm_kwargs": {"distributed_executor_backend": "mp"}, "env": FIXES}  # the fixes alone, not `all`
     uni, mp, ngram_mp = run_vllm([base, {**base, "llm_kwargs": {"distributed_executor_backend": "mp"}}, ngram],
                                  env={**_MP_ENV, **ALL})
     (inproc,) = run_vllm([{**base, "after": ""}])  # VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM keeps `uni` itself
@@ -124,10 +126,11 @@ def multiprocess_engines(pair) -> dict:
 @_NEEDS_TWO_CPUS
 def test_ngram_engine_keeps_worker_threads(multiprocess_engines):
     """A real multi-process engine with vLLM's worker process (`--distributed-executor-backend mp`: the layout vLLM
-    0.32 uses on CPU without the plugin, worker bound to 2 cores) and vLLM's n-gram drafter: with the plugin's opt-in
-    the worker's torch still uses both threads after generating with proposals (without the plugin it is down to
+    0.32 uses on CPU without the plugin, worker bound to 2 cores) and vLLM's n-gram drafter: with the plugin's fixes
+    (`DFLASH_VLLM_EXTRAS=fixes`, as the worker saw it) the worker's torch still uses both threads after generating with proposals (without the plugin it is down to
     one: test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
     ok = multiprocess_engines["ngram_mp"]
+    assert ok["probe"]["extras"] == ["fixes"], ok["probe"]
     assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed
     assert ok["probe"]["threads"] == [2], ok["probe"]
 

@@ -65,11 +65,14 @@ KV_BLOCK_SIZE = 32  # --preempt: the small KV cache's block size (vLLM's CPU att
 PREEMPT_SPARE_BLOCKS = 4  # --preempt: blocks beyond one max_model_len request (its draft look-ahead included)
 
 
-def resolve_models() -> tuple[Path, Path, bool]:
-    """The demo's target and draft (the trained draft if present, else the demo's untrained one)."""
+def resolve_models(a: argparse.Namespace) -> tuple[Path, Path, bool]:
+    """-> (target, draft, draft untrained?): --target/--draft when given, else the demo's target and draft (the
+    trained draft if present, else the demo's untrained one)."""
     from vllm_dflash.drafts import checkout_draft_dir, ensure_draft
     from vllm_dflash.target import default_target_dir, is_prepared, prepare_target
 
+    if a.target:
+        return Path(a.target), Path(a.draft), False
     target = default_target_dir() if is_prepared(default_target_dir()) else prepare_target()
     draft, untrained = ensure_draft(checkout_draft_dir(), target)
     return target, draft, untrained
@@ -84,7 +87,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.time()
     sizes: Sizes = QUICK if a.quick else FULL
-    target, draft, untrained = (Path(a.target), Path(a.draft), False) if a.target else resolve_models()
+    target, draft, untrained = resolve_models(a)
     log(f"target {target}; draft {draft}{' (UNTRAINED)' if untrained else ''}")
     rng = random.Random(a.seed)
     prompts = load_prompts(sizes.max_prompt_chars)
@@ -249,10 +252,7 @@ def features_main(a: argparse.Namespace) -> int:
     """--features-check: the served feature check against stock vLLM (features.py); JSON to --out."""
     from vllm_dflash.bench.soak.features import render_features, run_features_check
 
-    if a.target:
-        target, draft = Path(a.target), Path(a.draft)
-    else:
-        target, draft, _ = resolve_models()
+    target, draft, _ = resolve_models(a)
     res = run_features_check(target, draft, a.dtype, a.max_model_len, Path(a.log).parent)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
