@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak test (vllm_dflash/bench/soak/, run as benchmarks/soak.py) end to end: the quick mode against a real
 `vllm serve` with our drafter, with a KV cache small enough to force preemptions (--preempt), the request features
-mixed in and a server restart under load, passes its checks (marked vllm). In CI on the tiny pair (tests/assets,
-about 2 min on 2 cores); on the default target and draft, as `benchmarks/soak.py --quick` runs it for
-docs/RELIABILITY.md, marked `slow` (6-9 min). That the checks catch what they are meant to catch is tested without
+mixed in and a server restart under load, passes its checks (marked vllm): on the default target and draft, as
+`benchmarks/soak.py --quick` runs it for docs/RELIABILITY.md (5-9 min on 2 cores); on the tiny pair, `slow`. That the checks catch what they are meant to catch is tested without
 vLLM in tests/unit/test_soak_checks.py."""
 import json
 import subprocess
@@ -28,19 +27,21 @@ def _soak(tmp_path, *models: str) -> tuple[subprocess.CompletedProcess, dict]:
 
 
 @pytest.mark.vllm
-def test_soak_quick(pair, tmp_path):
-    """benchmarks/soak.py --quick --preempt on the tiny pair, float32: every check but the time bound must pass (the
-    time bound depends on what else the machine runs; a runaway is still caught below), among them preemptions > 0,
-    the restart (clean errors, no hang, greedy equal afterwards), the over-long prompt's 400 and every request
-    feature compared greedy under load."""
-    _check(*_soak(tmp_path, "--target", str(pair / "target"), "--draft", str(pair / "draft-b8")))
+def test_soak_quick(tmp_path):
+    """benchmarks/soak.py --quick --preempt on the default target and draft (SmolLM2-135M-Instruct and the bundled
+    draft), float32: every check but the time bound must pass (the time bound depends on what else the machine
+    runs; a runaway is still caught below), among them preemptions > 0, the restart (clean errors, no hang, greedy
+    equal afterwards), the over-long prompt's 400 and every request feature compared greedy under load."""
+    _check(*_soak(tmp_path))
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_soak_quick_default_target(tmp_path):
-    """The same on the default target and draft (SmolLM2-135M-Instruct and the bundled draft)."""
-    _check(*_soak(tmp_path))
+def test_soak_quick_tiny_pair(pair, tmp_path):
+    """The same on the tiny pair (~2 min). `slow`: the tiny target is fast enough that a 1024-token "timeout"
+    request can finish on the server as its client gives up; the accounting then counts it lost (seen once in five
+    runs), so it cannot stand in for the real pair in CI until the plan sizes those requests by the model's speed."""
+    _check(*_soak(tmp_path, "--target", str(pair / "target"), "--draft", str(pair / "draft-b8")))
 
 
 def _check(proc: subprocess.CompletedProcess, res: dict) -> None:

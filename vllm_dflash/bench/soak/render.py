@@ -158,8 +158,7 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
            + (f" --notes {notes_path}" if notes_path else "") + " --md docs/RELIABILITY.md` from "
            "the JSON the soak writes (the findings section comes from the notes file and holds no figures); do not "
            "edit the figures by hand. Re-run: `python benchmarks/soak.py --quick` "
-           "(~5 min; CI runs it on the tiny test pair, tests/e2e/test_soak.py) or `python benchmarks/soak.py` (full, "
-           "~20 min).", "",
+           "(~5 min, CI: tests/e2e/test_soak.py) or `python benchmarks/soak.py` (full, ~20 min).", "",
            "## Method", "", METHOD, ""] + ([notes.strip(), ""] if notes else []) + [
            "## Results", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for key in rows[0]:
