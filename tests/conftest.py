@@ -69,16 +69,18 @@ def _no_leaked_plugin_env():
     os.environ.update(before)
 
 
-# The longest test files, longest first (seconds per file on the AVX2-only EPYC, 2 workers, session 28: the TP tests
-# about 600, the served and engine tests 120-260 each). Under pytest-xdist a file goes to one worker (scripts/test.sh:
-# --dist loadfile --no-loadscope-reorder, so files are handed out in collection order): started first, the long files
-# run beside each other and the short ones fill the gaps. Handed out last (xdist's default orders files by how many
-# tests they hold, which put these few-test files at the end), one of them ran alone on one worker for minutes.
+# The longest test files, longest first (seconds per file on the AVX2-only EPYC, 3 workers, session 44: the TP tests
+# and test_vllm_patches about 340, the served, soak, compile-cache and engine tests 100-250 each). Under pytest-xdist a
+# file goes to one worker (scripts/test.sh: --dist loadfile --no-loadscope-reorder, so files are handed out in
+# collection order): started first, the long files run beside each other and the short ones fill the gaps. Handed out
+# last (xdist's default orders files by how many tests they hold, which put these few-test files at the end), one of
+# them ran alone on one worker for minutes.
 LONGEST_FIRST = (
-    "vllm/test_tp.py", "vllm/test_vllm_patches.py", "vllm/test_vllm_serve.py", "vllm/test_vllm_drafter.py",
-    "e2e/test_soak.py", "vllm/test_vllm_adaptive.py", "vllm/test_vllm_profile.py", "e2e/test_collect.py",
-    "vllm/test_vllm_deferred_injection.py", "e2e/test_exactness_served.py", "vllm/test_vllm_tau.py",
-    "vllm/test_vllm_prefix_cache.py", "vllm/test_vllm_hinted.py", "vllm/test_vllm_sampling.py", "e2e/test_eval_cli.py",
+    "vllm/test_tp.py", "vllm/test_vllm_patches.py", "vllm/test_vllm_serve.py", "e2e/test_soak.py",
+    "vllm/test_vllm_compile_cache.py", "vllm/test_vllm_drafter.py", "vllm/test_vllm_sampling.py",
+    "vllm/test_vllm_adaptive.py", "e2e/test_eval_cli.py", "vllm/test_vllm_gemm_f32.py", "e2e/test_collect.py",
+    "vllm/test_vllm_lora.py", "e2e/test_soak_features_served.py", "vllm/test_vllm_position_range.py",
+    "vllm/test_walls.py", "e2e/test_exactness_served.py", "vllm/test_vllm_profile.py", "vllm/test_vllm_hinted.py",
 )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,11 @@ FEATURES: dict[str, tuple[str | None, dict[str, Any]]] = {
 }
 
 PRESSURE_TOKENS = 96  # --preempt: output tokens of each pressure request (build_round)
+TIMEOUT_TOKENS = 1024  # max_tokens of a timeout request (EOS ignored)
+# fit_timeouts: a timeout request's client gives up within this share of the time the server needs to generate its
+# TIMEOUT_TOKENS; the floor keeps it above a connection's set-up (a request given up before the engine saw it is
+# accounted as such, report.account)
+TIMEOUT_SHARE, TIMEOUT_FLOOR_S = 0.25, 0.1
 
 MALFORMED = ["too_long_prompt", "negative_max_tokens", "huge_max_tokens", "bad_temperature", "bad_top_p",
              "unknown_model", "broken_json"]
@@ -261,7 +266,7 @@ def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, s
         reqs.append(Req("disconnect", endpoint, True, body, source=p["source"], disconnect_after=rng.randint(1, 4)))
     for _ in range(sizes.timeouts):
         p = rng.choice(prompts)
-        endpoint, body = _body(p, 1024, False, temperature=0.0, ignore_eos=True)  # cannot finish within the timeout
+        endpoint, body = _body(p, TIMEOUT_TOKENS, False, temperature=0.0, ignore_eos=True)  # see fit_timeouts
         reqs.append(Req("timeout", endpoint, False, body, source=p["source"],
                         client_timeout=round(rng.uniform(*sizes.timeout_s), 1)))
     for _ in range(sizes.malformed_repeats):
@@ -270,3 +275,14 @@ def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, s
                 reqs.append(_malformed(name, endpoint, long_text, rng.choice(prompts)))
     rng.shuffle(reqs)
     return reqs
+
+
+def fit_timeouts(reqs: list[Req], tok_s: float) -> tuple[list[Req], float]:
+    """The timeout requests with their client timeouts capped at TIMEOUT_SHARE of the time their max_tokens take at
+    `tok_s`, and the cap. tok_s: the fastest single request measured alone (prefill included, so it errs slow); under
+    load a request runs slower still, so the cap holds there too. Without it a fast model (the tiny test pair, about
+    1,000 tokens a second) could finish a timeout request just as its client gave up: the server then aborted nothing
+    and the accounting rightly called the request lost."""
+    cap = max(TIMEOUT_FLOOR_S, round(TIMEOUT_SHARE * TIMEOUT_TOKENS / tok_s, 2)) if tok_s > 0 else float("inf")
+    return [replace(r, client_timeout=min(r.client_timeout, cap)) if r.kind == "timeout" and r.client_timeout
+            else r for r in reqs], cap

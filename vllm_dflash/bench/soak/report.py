@@ -98,6 +98,13 @@ def summarize_round(outcomes: list[dict[str, Any]], alone: dict[str, str], secon
     }
 
 
+def fastest_tok_s(outcomes: list[dict[str, Any]], min_tokens: int = 4) -> float:
+    """Output tokens per second of the fastest answered request (its latency includes the prompt's prefill)."""
+    rates = [o["completion_tokens"] / o["latency_s"] for o in outcomes
+             if o["status"] == "ok" and (o["completion_tokens"] or 0) >= min_tokens and o["latency_s"] > 0]
+    return max(rates, default=0.0)
+
+
 def _brief(o: dict[str, Any]) -> dict[str, Any]:
     return {"tag": o["tag"], "kind": o["kind"], "case": o["case"], "status": o["status"], "http_code": o["http_code"],
             "error": o["error"][:200], "connection": o.get("connection", ""), "trace": o.get("trace", [])}

@@ -53,8 +53,8 @@ from vllm_dflash.bench.soak import report as soak_report
 from vllm_dflash.bench.soak.client import RssSampler, rss_by_process
 from vllm_dflash.bench.soak.phases import explain_greedy, idle_state, log, restart_phase, run_drive, watchdog
 from vllm_dflash.bench.soak.phases import metric_delta  # noqa: F401 (re-exported)
-from vllm_dflash.bench.soak.plan import (FULL, QUICK, Req, Sizes, build_round, feature_cases, greedy_cases,
-                                         load_prompts, near_limit_case, too_long_text)
+from vllm_dflash.bench.soak.plan import (FULL, QUICK, Req, Sizes, build_round, feature_cases, fit_timeouts,
+                                         greedy_cases, load_prompts, near_limit_case, too_long_text)
 from vllm_dflash.bench.soak.render import render_markdown
 
 OUT_DEFAULT = "bench-results/soak-{mode}.json"  # under the current directory; {mode}: quick | full
@@ -150,6 +150,9 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
                         "all_ok": all(o["status"] == "ok" for o in alone),
                         "statuses": {o["case"]: o["status"] for o in alone},
                         "outputs": {o["case"]: o["text"] for o in alone}}
+        # a timeout request must still be running when its client gives up, however fast the model is
+        round_reqs, cap = fit_timeouts(round_reqs, soak_report.fastest_tok_s(alone))
+        res["meta"]["timeout_cap_s"] = cap
         if suite_thread is not None:
             suite_thread.join()
             res["startup_suite"] = suite_out.get("r", [])
