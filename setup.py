@@ -42,7 +42,7 @@ def _extensions():
     exts = [
         cpp_extension.CppExtension(
             "vllm_dflash._C",
-            [str(cpu_src.relative_to(ROOT)), "csrc/gemv_cpu.cpp", "csrc/gemm_f32_cpu.cpp"],
+            [str(cpu_src.relative_to(ROOT)), "csrc/gemv_cpu.cpp", "csrc/gemm_f32_cpu.cpp", "csrc/cpu_module.cpp"],
             extra_compile_args={"cxx": flags + ["-march=native"] if (os.environ.get("DFLASH_NATIVE") or os.environ.get("VLLM_DFLASH_NATIVE")) else flags + ["-mavx2", "-mfma", "-mf16c"]},
             extra_link_args=["-fopenmp"],
         )

@@ -8,7 +8,9 @@
 // (vllm_dflash/integration/seam.py checks the schema before the patch that uses these ops is applied).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 
 #include <vector>
 

@@ -22,8 +22,14 @@
 // Built with the portable flags (-mavx2 -mfma); the code sits in target-attributed functions and runs only when
 // the CPU reports avx2 and fma (gemm_f32_supported()). The PyTorch definition it is tested against:
 // vllm_dflash/ops/gemm_f32.py (gemm_f32_reference).
-#include <torch/extension.h>
+// Per-operator ATen headers and torch/library.h, not torch/extension.h (the whole C++ API and pybind11): the build
+// is several times faster (scripts/setup.sh, CI). The Python module vllm_dflash._C is csrc/cpu_module.cpp.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
 
 #include "cpu_linear_route.h"
 

@@ -16,8 +16,14 @@
 // The extension is built with portable flags (-mavx2 ...): the AVX512 code lives in target-attributed functions and
 // is used only when the CPU reports avx512bf16 (gemv_bf16_supported()); the Python side falls back otherwise.
 // The PyTorch definition it is tested against: vllm_dflash/ops/gemv.py (gemv_reference).
-#include <torch/extension.h>
+// Per-operator ATen headers and torch/library.h, not torch/extension.h (the whole C++ API and pybind11): the build
+// is several times faster (scripts/setup.sh, CI). The Python module vllm_dflash._C is csrc/cpu_module.cpp.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
 
 #include "cpu_linear_route.h"
 

@@ -11,8 +11,15 @@
 //   cache [num_blocks, nkv, block_size, 2*hd]; per (block, head): K as [hd, block_size] (transposed),
 //   then V as [block_size, hd]   (verified against vllm._custom_ops.cpu_attn_reshape_and_cache).
 // The PyTorch definition every path is tested against: vllm_dflash/ops/kv_injection.py.
-#include <torch/extension.h>
+// Per-operator ATen headers and torch/library.h, not torch/extension.h (the whole C++ API and pybind11): the build
+// is several times faster (scripts/setup.sh, CI). The Python module vllm_dflash._C is csrc/cpu_module.cpp.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
@@ -237,6 +244,3 @@ TORCH_LIBRARY_IMPL(vllm_dflash, CPU, m) {
   m.impl("fused_context_kv_to_cache", &fused_context_kv_to_cache);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "vllm_dflash CPU kernels (registered as torch.ops.vllm_dflash.*)";
-}

@@ -50,7 +50,7 @@ DFLASH_NO_EXT=1 $UV --no-deps --no-build-isolation -e .  # the kernel is built i
 # The csrc/ CPU kernel next to the sources (editable installs do not always build it in place); without it the
 # package runs on its PyTorch reference ops and says so once.
 if ! "$VENV/bin/python" -c "import vllm_dflash._C" 2>/dev/null; then
-  echo ">> building the csrc/ kernels (C++, OpenMP; a minute or two)"
+  echo ">> building the csrc/ kernels (C++, OpenMP; under a minute)"
   "$VENV/bin/python" setup.py -q build_ext --inplace > "$VENV/csrc-build.log" 2>&1 \
     || echo "!! csrc/ build failed (see $VENV/csrc-build.log): KV injection falls back to the PyTorch reference path"
 fi

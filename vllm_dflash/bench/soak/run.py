@@ -151,8 +151,9 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
                         "statuses": {o["case"]: o["status"] for o in alone},
                         "outputs": {o["case"]: o["text"] for o in alone}}
         # a timeout request must still be running when its client gives up, however fast the model is
-        round_reqs, cap = fit_timeouts(round_reqs, soak_report.fastest_tok_s(alone))
-        res["meta"]["timeout_cap_s"] = cap
+        tok_s = soak_report.fastest_tok_s(alone)
+        round_reqs, cap = fit_timeouts(round_reqs, tok_s)
+        res["meta"].update(alone_fastest_tok_s=round(tok_s, 1), timeout_cap_s=cap)
         if suite_thread is not None:
             suite_thread.join()
             res["startup_suite"] = suite_out.get("r", [])
