@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak test (vllm_dflash/bench/soak/, run as benchmarks/soak.py) end to end: the quick mode against a real
 `vllm serve` with our drafter, with a KV cache small enough to force preemptions (--preempt), the request features
-mixed in and a server restart under load, passes its checks (marked vllm): on the default target and draft, as
-on the tiny pair (about 2 min on 2 cores); on the default target and draft, as `benchmarks/soak.py --quick` runs it
-for docs/RELIABILITY.md (5-9 min), `slow`. That the checks catch what they are meant to catch is tested without vLLM
-in tests/unit/test_soak_checks.py."""
+mixed in and a server restart under load, passes its checks (marked vllm): in CI on the tiny pair (about 2 min on 2
+cores); on the default target and draft, as `benchmarks/soak.py --quick` runs it for docs/RELIABILITY.md (5-9 min),
+`slow`. That the checks catch what they are meant to catch is tested without vLLM in tests/unit/test_soak_checks.py."""
 import json
 import subprocess
 import sys

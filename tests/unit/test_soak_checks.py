@@ -233,6 +233,7 @@ def test_timeouts_fit_the_models_speed():
     slow, _ = fit_timeouts(reqs, 20.0)  # 1,024 tokens take 51 s: the planned 2-5 s stand
     assert slow == reqs
     assert fit_timeouts(reqs, 1e9)[1] == 0.1  # the floor
+    assert fit_timeouts(reqs, 0.0) == (reqs, None)  # nothing answered alone: as planned, no cap
 
 
 def test_plan_is_seeded_and_complete():

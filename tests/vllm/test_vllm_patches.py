@@ -127,8 +127,9 @@ def multiprocess_engines(pair) -> dict:
 def test_ngram_engine_keeps_worker_threads(multiprocess_engines):
     """A real multi-process engine with vLLM's worker process (`--distributed-executor-backend mp`: the layout vLLM
     0.32 uses on CPU without the plugin, worker bound to 2 cores) and vLLM's n-gram drafter: with the plugin's fixes
-    (`DFLASH_VLLM_EXTRAS=fixes`, as the worker saw it) the worker's torch still uses both threads after generating with proposals (without the plugin it is down to
-    one: test_numba_ngram_drops_omp_threads shows the mechanism; checked by hand on 2 cores)."""
+    (`DFLASH_VLLM_EXTRAS=fixes`, as the worker saw it) the worker's torch still uses both threads after generating
+    with proposals (without the plugin it is down to one: test_numba_ngram_drops_omp_threads shows the mechanism;
+    checked by hand on 2 cores)."""
     ok = multiprocess_engines["ngram_mp"]
     assert ok["probe"]["extras"] == ["fixes"], ok["probe"]
     assert ok["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0, ok["first_counters"]  # it proposed

@@ -277,12 +277,15 @@ def build_round(prompts: list[dict[str, Any]], cases: list[Req], sizes: Sizes, s
     return reqs
 
 
-def fit_timeouts(reqs: list[Req], tok_s: float) -> tuple[list[Req], float]:
+def fit_timeouts(reqs: list[Req], tok_s: float) -> tuple[list[Req], float | None]:
     """The timeout requests with their client timeouts capped at TIMEOUT_SHARE of the time their max_tokens take at
     `tok_s`, and the cap. tok_s: the fastest single request measured alone (prefill included, so it errs slow); under
-    load a request runs slower still, so the cap holds there too. Without it a fast model (the tiny test pair, about
-    1,000 tokens a second) could finish a timeout request just as its client gave up: the server then aborted nothing
-    and the accounting rightly called the request lost."""
-    cap = max(TIMEOUT_FLOOR_S, round(TIMEOUT_SHARE * TIMEOUT_TOKENS / tok_s, 2)) if tok_s > 0 else float("inf")
+    load a request runs slower still, so the cap holds there too. Without it a fast model (the tiny test pair) could
+    finish a timeout request just as its client gave up: the server then aborted nothing
+    and the accounting rightly called the request lost. No rate (nothing answered alone): the requests as planned and
+    no cap (None)."""
+    if tok_s <= 0:
+        return reqs, None
+    cap = max(TIMEOUT_FLOOR_S, round(TIMEOUT_SHARE * TIMEOUT_TOKENS / tok_s, 2))
     return [replace(r, client_timeout=min(r.client_timeout, cap)) if r.kind == "timeout" and r.client_timeout
             else r for r in reqs], cap
