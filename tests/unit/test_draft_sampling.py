@@ -54,25 +54,36 @@ def test_sample_rows_follows_q():
 
 def test_draft_probs_buffer_equals_dense_rebuild():
     """Three builds of the persistent buffer (q cells, one-hot cells in and outside the draft vocabulary, a cell
-    switching from one-hot to q and back, a growing batch): every cell that a build names equals its dense value."""
+    switching from one-hot to q and back, a q cell left out of the next build, a growing batch): the whole buffer
+    equals the dense tensor of that build alone -- q and one-hot where the build names them, zero everywhere else,
+    nothing left from an earlier build (what vLLM's runner reads for a request with drafts)."""
     K, V = 3, 20
     ids = torch.tensor([0, 2, 5, 7, 11, 13])  # target ids of the 6 draft ids
     buf = DraftProbs(K, V, ids)
     g = torch.Generator().manual_seed(3)
-    builds = [(2, [0, 1, 4], [2, 5]), (2, [2, 5], [0, 1, 3]), (3, [0, 3, 8], [1, 6])]
+    builds = [(2, [0, 1, 4], [2, 5]), (2, [2, 5], [0, 1, 3]), (3, [0, 3, 8], [1, 6]), (3, [], [2, 4])]
     for B, q_cells, hot_cells in builds:
         q = torch.softmax(torch.randn(len(q_cells), len(ids), generator=g), -1)
         hot = torch.randint(0, V, (len(hot_cells),), generator=g)
-        out = buf.build(B, torch.tensor(q_cells), q, torch.tensor(hot_cells), hot)
+        out = buf.build(B, torch.tensor(q_cells, dtype=torch.long), q, torch.tensor(hot_cells), hot)
         assert out.shape == (B, K, V)
-        flat = out.reshape(-1, V)
+        want = torch.zeros(buf.buf.shape[0] * K, V)
         for c, row in zip(q_cells, q):
-            want = torch.zeros(V).index_copy(0, ids, row)
-            assert torch.equal(flat[c], want), c
+            want[c] = torch.zeros(V).index_copy(0, ids, row)
         for c, t in zip(hot_cells, hot.tolist()):
-            assert torch.equal(flat[c], torch.nn.functional.one_hot(torch.tensor(t), V).float()), c
+            want[c] = torch.nn.functional.one_hot(torch.tensor(t), V).float()
+        assert torch.equal(buf.buf.reshape(-1, V), want), (q_cells, hot_cells)
     with pytest.raises(ValueError, match="vocab_size"):
         DraftProbs(K, 10, ids)
+
+
+@pytest.mark.parametrize("ids, match", [([0, 2, 2, 7], "one-to-one"), ([0, -1, 5], "< 0")])
+def test_draft_probs_refuses_a_malformed_d2t_map(ids, match):
+    """A d2t map with a duplicate target id (q over target ids would merge two draft ids: the verifier would read a
+    q other than the one the draft was drawn from) or a negative one (indexes from the end) is refused, the fix named."""
+    with pytest.raises(ValueError, match=match) as e:
+        DraftProbs(2, 20, torch.tensor(ids))
+    assert "re-export the draft" in str(e.value)
 
 
 def _verify(p: torch.Tensor, q_true: torch.Tensor, q_told: torch.Tensor, g: torch.Generator) -> int:

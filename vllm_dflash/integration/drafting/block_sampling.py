@@ -75,12 +75,14 @@ def sample_block(step, hidden: torch.Tensor, keep: torch.Tensor | None, layout: 
     return drafts.view(-1, K)
 
 
-def hand_off_probs(step, rows, tokens: np.ndarray, spans) -> None:
-    """q for the verifier after an adaptive plan (`take_last_draft_probs`): per sampled request of batch row
-    rows[j] with proposal tokens[j] [K] (slots past its length unused), the draft's q at its DFlash slots
-    spans[j] = (lo, hi) (None: no DFlash slot) and one-hot q at the rest (prompt-lookup tokens, padding). Leaves
-    `_last_draft_probs` None (one-hot for all, vLLM's default) when no sampled request verifies a sampled DFlash
-    token."""
+def hand_off_probs(step, rows, tokens, spans) -> None:
+    """q for the verifier after an adaptive plan (`take_last_draft_probs`). Per batch row rows[j] with proposal
+    tokens[j] (its first min(len, K) slots are verified) and DFlash slots spans[j] = (lo, hi) (None: none): the
+    draft's q at a sampled request's DFlash slots, one-hot q at every other slot of every row with a proposal
+    (prompt lookup own or cross-request, a merged proposal's lookup slots, padding, greedy rows). vLLM's runner reads
+    q for every request with drafts, so no such cell may keep an earlier step's value (`DraftProbs.build` zeroes
+    whatever a build does not name). Leaves `_last_draft_probs` None (one-hot for all, vLLM's default) when no
+    sampled request verifies a sampled DFlash token."""
     if step.block_q is None:
         return
     d = step.drafter
@@ -94,8 +96,6 @@ def hand_off_probs(step, rows, tokens: np.ndarray, spans) -> None:
     take, q_cells, hot_cells, hot_tokens = [], [], [], []
     for r, toks, span in zip(rows, tokens, spans):
         lo, hi = span if span is not None else (0, 0)
-        if not any(r * K + j in where for j in range(lo, hi)):
-            continue  # greedy, or no sampled DFlash token: one-hot everywhere is the default verification
         for j in range(min(len(toks), K)):
             c = r * K + j
             if lo <= j < hi and c in where:

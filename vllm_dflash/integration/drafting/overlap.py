@@ -74,8 +74,9 @@ class OverlapDrafting(AdaptiveDrafting):
                 write_hints(d.input_ids, K, rows, hint_tokens(d.hint_ngram, ctl, K, plan.lookups, hists))
                 block = self._block(step, rows)
             out[rows] = ctl.propose_overlap(plan, block, out[rows, 0])
-            if block is not None:
-                hand_off_probs(step, rows, out[rows], DraftPlan.of(plan, rows, k_max=K).spans)
+            if block is not None:  # every batch row has K drafts here (rows left out: the bonus as padding)
+                span_of = dict(zip(rows, DraftPlan.of(plan, rows, k_max=K).spans))
+                hand_off_probs(step, range(B), out, [span_of.get(i) for i in range(B)])
         elif rows:
             ctl.score_overlap(req_ids, verified)
         if self._calls % 64 == 0:  # requests not seen for 64 steps: finished or long preempted
