@@ -14,8 +14,8 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 import torch
-
 from support.stats import chi2_two_sample_pvalue
+
 from vllm_dflash.integration.draft_probs import DraftProbs
 from vllm_dflash.integration.drafting.block_sampling import hand_off_probs
 from vllm_dflash.integration.sampled_verify import rejection_sample_sampled

@@ -5,7 +5,6 @@ vLLM through `take_last_draft_probs`; integration/draft_probs.py builds the [B, 
 one-hot drafts (the argmax): lossless."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from vllm.logger import init_logger
 
