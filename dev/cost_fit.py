@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Offline check of the adaptive planner's step-cost model on recorded steps (dev/step_profile.py --json).
 
-    python dev/cost_fit.py runs/prof.none.json runs/prof.ngram.json runs/prof.ours-adaptive.json [--key step]
+    python dev/cost_fit.py runs/prof.none.json runs/prof.ngram.json runs/prof.ours.json [--key step]
 
 Fits, by ordinary least squares over every decode step of the given records, the one-slope model
 T = a + b * n and the two-slope model T = a + b * n + d * B (n query tokens, B requests), on the step's wall time

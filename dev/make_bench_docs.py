@@ -11,13 +11,15 @@ place and title, and which results are the latest of their kind) and is marked a
 readings of the tables live in dev/benchmark_notes.md (one `## <result stem>` section per result file, plus
 `## intro` and `## unbacked`); the history copies them in verbatim, marked as hand-written.
 
-Standard library only, plus the serving benchmark's own renderers (vllm_dflash.bench.report: no torch, no vLLM).
+Standard library only, plus the serving benchmark's own renderers and result upgrade (vllm_dflash.bench.report,
+vllm_dflash.bench.meta: no torch, no vLLM).
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +30,16 @@ sys.path.insert(0, str(REPO))
 
 from vllm_dflash.bench.categories import CAPTION, render_categories  # noqa: E402
 from vllm_dflash.bench.levels import DEFAULT_WAVES  # noqa: E402
-from vllm_dflash.bench.report import (ROUND_SPREAD_NOTE, idle_servers_worst, prompts_per_run_text,  # noqa: E402
-                                      render_acceptance, render_adaptive, render_time_split, round_spread)
+from vllm_dflash.bench.meta import upgrade  # noqa: E402
+from vllm_dflash.bench.report import (  # noqa: E402
+    ROUND_SPREAD_NOTE,
+    idle_servers_worst,
+    prompts_per_run_text,
+    render_acceptance,
+    render_adaptive,
+    render_time_split,
+    round_spread,
+)
 
 sys.path.insert(0, str(REPO / "dev"))
 from results_registry import CATEGORY_TABLES, LATEST, MACHINES, MD_SECTIONS, ORDER, PROVENANCE, SERVING_TITLES  # noqa: E402
@@ -55,7 +65,10 @@ def result_file(stem: str, ext: str) -> Path | None:
 
 
 def load(path: Path) -> Any:
-    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    """A result file; a serving result in today's format (bench/meta.py: upgrade renames the configurations of one
+    written before schema 2)."""
+    d = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    return upgrade(d) if isinstance(d, dict) and "runs" in d and "meta" in d else d
 
 
 def link(path: Path) -> str:
@@ -104,8 +117,23 @@ def read_notes() -> dict[str, str]:
     return {k: v.strip() for k, v in notes.items()}
 
 
+def split_note(command: str) -> tuple[str, str]:
+    """A recorded command line and the note some results append to it in brackets ("CMD (OMP_NUM_THREADS=2)"),
+    apart, so that the quoted command is one a shell (and `vllm-dflash`'s parser) accepts."""
+    m = re.fullmatch(r"(.*?\S)\s+\(([^()]*)\)", command)
+    return (m.group(1), m.group(2)) if m else (command, "")
+
+
+def quoted(command: str) -> str:
+    """`command` in backticks, a note recorded with it after them in brackets."""
+    cmd, note = split_note(command)
+    return f"`{cmd}`" + (f" ({note})" if note else "")
+
+
 def provenance_block(date: str, mach: str, command: str, extra: str = "", command_note: str = "") -> list[str]:
-    cmd = f"- command: `{command}`" + (f" ({command_note})" if command_note else "")
+    cmd, note = split_note(command)
+    note = "; ".join(n for n in (note, command_note) if n)
+    cmd = f"- command: `{cmd}`" + (f" ({note})" if note else "")
     return [f"- date: {date}", f"- machine: {mach}", cmd] + ([f"- {extra}"] if extra else [])
 
 
@@ -141,7 +169,8 @@ def bench_command(m: dict[str, Any], configs: list[str]) -> str:
         cmd.append(f"--num-spec-tokens {m['num_speculative_tokens']}")
     if not m.get("quick"):  # the layout, always explicit (the full run's default changed in 0.2.0)
         bind = str(lay.get("cpu_bind", "auto"))
-        cmd.append(f"--threads {lay.get('omp_num_threads', 1)} --cpu-bind {'auto' if bind.startswith('auto') else bind}")
+        bind = "auto" if bind.startswith("auto") else bind
+        cmd.append(f"--threads {lay.get('omp_num_threads', 1)} --cpu-bind {bind}")
     if eng.get("kv_cache_gib") != BENCH_DEFAULTS["kv_cache_gib"]:
         cmd.append(f"--kv-cache-gib {eng['kv_cache_gib']}")
     if eng.get("max_model_len") != BENCH_DEFAULTS["max_model_len"]:
@@ -316,7 +345,7 @@ def limit_table(result: dict[str, Any]) -> list[str]:
 def eval_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
     pos = ", ".join(f"{x:.3f}" for x in d["per_position_acceptance"])
     ng = d.get("ngram") or {}
-    version = f" (bundled draft version {d['draft_version']})" if d.get("draft_version") else " (bundled draft version 1)"
+    version = f" (bundled draft version {d.get('draft_version') or 1})"
     what = "HumanEval, all 164 prompts" if d["prompts"] == "humaneval" and d["num_prompts"] == 164 else \
         f"the {d['prompts']} set, {d['num_prompts']} prompts"
     key = PROVENANCE.get(stem, {}).get("machine")
@@ -406,9 +435,9 @@ def throughput_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> l
     """Training throughput: the draft step alone (profile) and the trainer end to end, in anchor-blocks/s."""
     out = ["## Training throughput on both cores (anchor-blocks/s)", ""]
     out += provenance_block(d["date"], machine(stem), d["profile"]["command"], d["note"])
-    out += [f"- trainer: `{d['trainer']['command']}`"]
-    out += ["", "| measurement | threads | anchors per sequence | blocks per step | target features s | draft fwd+bwd s "
-                "| anchor-blocks/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    out += [f"- trainer: {quoted(d['trainer']['command'])}"]
+    out += ["", "| measurement | threads | anchors per sequence | blocks per step | target features s "
+                "| draft fwd+bwd s | anchor-blocks/s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in d["profile"]["runs"]:
         out.append(f"| draft step alone (profile) | {r['threads']} | {r['anchors']} | {r['blocks_per_step']} | "
                    f"{r['target_features_s']:.2f} | {r['draft_step_s']:.3f} | {r['draft_blocks_per_s']:.0f} |")
@@ -471,8 +500,9 @@ def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> li
             "| query tokens | forward ms | forward + logits ms | ms per token | bound ms (side) | of bound |",
             "|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        out.append(f"| {r['tokens']} | {r['forward_ms']:.1f} | {r['verify_ms']:.1f} | {r['verify_ms'] / r['tokens']:.2f} "
-                   f"| {r['bound_ms']:.1f} ({r['bound']}) | {100 * r['bound_ms'] / r['verify_ms']:.0f} % |")
+        out.append(f"| {r['tokens']} | {r['forward_ms']:.1f} | {r['verify_ms']:.1f} "
+                   f"| {r['verify_ms'] / r['tokens']:.2f} | {r['bound_ms']:.1f} ({r['bound']}) "
+                   f"| {100 * r['bound_ms'] / r['verify_ms']:.0f} % |")
     out += ["", f"![step cost]({link(result_file(stem, '.png'))})"]
     return out + hand(notes, stem)
 
@@ -486,7 +516,8 @@ def md_section(stem: str, notes: dict[str, str]) -> list[str]:
     png = result_file(stem, ".png")
     plot = [f"![{stem}]({link(png)})", ""] if png else []
     data = load(result_file(stem, ".json")) if result_file(stem, ".json") else {}
-    cpu = data.get("machine", {}).get("cpu") if isinstance(data, dict) and isinstance(data.get("machine"), dict) else None
+    mach = data.get("machine") if isinstance(data, dict) else None
+    cpu = mach.get("cpu") if isinstance(mach, dict) else None
     return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem, cpu)}", *body, "", *plot, *hand(notes, stem)]
 
 
@@ -550,17 +581,18 @@ def anchor(title: str) -> str:
     return "".join(ch for ch in title.lower().replace(" ", "-") if ch.isalnum() or ch in "-_")
 
 
-LATEST_INTRO = """The latest run of each kind, on 2-core CPU machines without a GPU (three kinds: an AMD EPYC with AVX2
-only, where models run in float32; an Intel Xeon with avx512_bf16 and AMX; an AMD EPYC with avx512_bf16). Every
-older run, with the hand-written reading of each, is in [dev/BENCHMARKS-history.md](../dev/BENCHMARKS-history.md).
+LATEST_INTRO = """The latest run of each kind, on 2-core CPUs without a GPU (AMD EPYC with AVX2 only, float32; Intel
+Xeon with avx512_bf16 and AMX; AMD EPYC with avx512_bf16). Every older run: [the history](../dev/BENCHMARKS-history.md).
 
 How to read the serving tables:
 - Cells: output tok/s for `none` (no speculation); for the others the speed-up over `none` at the same prompt set
   and concurrency · tokens per target forward, every request-step counted (vLLM's τ, counted on steps that verified
   drafts). Marked ≈: derived from vLLM's counters. Best speed-up per column in bold; in brackets the lowest and
   highest speed-up of one interleaved round.
-- Baselines: each table says whether `none` and `ngram` ran stock vLLM (the plugin not loaded; every run from
-  session 39 on) or vLLM with vllm_dflash installed (older runs, whose baselines carry the plugin's CPU changes).
+- Configurations: `ours` is our default (adaptive drafting), `ours-fixed` the paper's fixed block; per-run files
+  written before these names call them `ours-adaptive` and `ours`.
+- Baselines: each table says whether `none` and `ngram` ran stock vLLM (the plugin not loaded; `bench_v38_xeon_stock`
+  on) or vLLM with vllm_dflash installed (older runs, whose baselines carry the plugin's CPU changes).
 - The machines drift by 10-30 % within an hour: compare configurations within one table only. Above concurrency 1
   a lead of a few percent can flip between runs."""
 
@@ -576,7 +608,10 @@ def render(stems: list[str], full: bool) -> str:
                "[benchmarks/results/](../benchmarks/results/) (the latest) and [dev/results/](results/) (the older "
                "ones); do not edit by hand. Hand-written readings come from "
                "[dev/benchmark_notes.md](benchmark_notes.md) and are marked as such. The latest run of each kind, "
-               "in short: [docs/BENCHMARKS.md](../docs/BENCHMARKS.md).", ""]
+               "in short: [docs/BENCHMARKS.md](../docs/BENCHMARKS.md). The tables use today's configuration names "
+               "(`ours` our default, adaptive drafting; `ours-fixed` the paper's fixed block); readings and per-run "
+               "files written before these names use the old ones (`ours-adaptive` for `ours`, `ours` for "
+               "`ours-fixed`).", ""]
         out += [notes["intro"], ""] if notes.get("intro") else []
     else:
         out = ["# Benchmarks", "", "Generated by `python dev/make_bench_docs.py` from "

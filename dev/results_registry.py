@@ -178,8 +178,8 @@ ORDER = ["bench_v45_avx2_c8_fixed", "ab_v43_avx2_idle_spec_t07", "bench_v43_avx2
 # Section titles of the serving benchmarks (others: "Serving benchmark <stem>").
 SERVING_TITLES: dict[str, str] = {
     "bench_v45_avx2_c8_fixed": ("Open-ended chat and math word problems at concurrency 8, greedy: the fixed DFlash "
-                                "block (`ours`) against our default and stock vLLM (session 45), AMD EPYC with AVX2 "
-                                "only (a slower host: 19.5 GB/s, 134 GFLOP/s), float32"),
+                                "block (`ours-fixed`) against our default and stock vLLM (session 45), AMD EPYC "
+                                "with AVX2 only (a slower host: 19.5 GB/s, 134 GFLOP/s), float32"),
     "ab_v43_avx2_idle_spec_t07": ("What speculation costs where it drafts nothing: open chat at temperature 0.7, c8 / "
                                   "c32, our default against stock vLLM with the plugin's CPU speed-ups alone "
                                   "(`none+extras`) and stock (session 43), AMD EPYC with AVX2 only, float32"),
@@ -225,11 +225,11 @@ SERVING_TITLES: dict[str, str] = {
     "bench_v34_avx2": ("The AVX2-only EPYC after the draft's argmax moved to the verified slots (session 36; every "
                        "level in at least two interleaved rounds, both adaptive configurations traced): none, n-gram, "
                        "adaptive, merged"),
-    "ab_gemm_prefetch_avx2": ("The fp32 GEMM's spread prefetch of the next k-chunk, on the AVX2-only EPYC (session 37): "
-                              "our default on the new kernel against the previous one (`ours-adaptive#prev`), with "
+    "ab_gemm_prefetch_avx2": ("The fp32 GEMM's spread prefetch of the next k-chunk, on the AVX2-only EPYC (session "
+                              "37): our default on the new kernel against the previous one (`ours#prev`), with "
                               "none and n-gram, c8, both sets, interleaved rounds"),
-    "ab_argmax_slots_avx2": ("The draft's argmax at the verified block slots alone, on the AVX2-only EPYC (session 36): "
-                             "our default against the previous code (`ours-adaptive#prev`), with none and n-gram, "
+    "ab_argmax_slots_avx2": ("The draft's argmax at the verified block slots alone, on the AVX2-only EPYC (session "
+                             "36): our default against the previous code (`ours#prev`), with none and n-gram, "
                              "c8, both sets, interleaved rounds"),
     "bench_v33_avx2": ("The AVX2-only EPYC after the guard confirms a change of winner (session 35; every level in "
                        "interleaved rounds as `bench_v31_avx2`, both adaptive configurations traced): none, n-gram, "
@@ -246,7 +246,7 @@ SERVING_TITLES: dict[str, str] = {
                        "freed slot takes the next prompt) instead of one wave of 32; none, n-gram, adaptive, merged, "
                        "one server after another"),
     "ab_guard_threshold": ("Adaptive drafting's guard threshold on the AVX2-only EPYC: the default (1.3) against 1.1 "
-                           "(`ours-adaptive#g11`), with none and n-gram, c8 and c32, one run"),
+                           "(`ours#g11`), with none and n-gram, c8 and c32, one run"),
     "bench_v27_avx2_c32": ("The AVX2-only EPYC at concurrency 32 with our fp32 GEMM (session 29): none, n-gram, "
                            "adaptive (96 prompts per set in three interleaved rounds)"),
     "ab_guard_margin": ("The guard's margin on the AVX2-only EPYC, chat prompts at concurrency 8: the noise-sized "
@@ -265,7 +265,7 @@ SERVING_TITLES: dict[str, str] = {
     "bench_v25": ("The Xeon with the oneDNN row-count cache (session 27), concurrency 1, 8 and 32: none, n-gram, "
                   "adaptive, merged (32 prompts, three interleaved rounds at c1 / c8, one at c32)"),
     "ab_cache": ("A/B of the oneDNN row-count cache (session 27, the Xeon): adaptive with `DFLASH_ONEDNN_CACHE` at "
-                 "its default (512, `ours-adaptive`) and off (vLLM's 32, shown as `ours-merged`), beside none and "
+                 "its default (512, `ours`) and off (vLLM's 32, shown as `ours-merged`), beside none and "
                  "n-gram, c8 / c32 (32 prompts)"),
     "bench_v24_c32": ("The Xeon at concurrency 32 on the code of session 26: none, n-gram, adaptive, merged (96 "
                       "prompts per set in three interleaved rounds)"),

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where an engine step's wall time goes, per configuration, in process (offline `LLM`, vLLM's defaults: compiled).
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 python dev/step_profile.py --configs none,ngram,ours-adaptive --concurrency 32
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python dev/step_profile.py --configs none,ngram,ours --concurrency 32
 
 Wraps (outermost call only): the scheduler, the target forward, target logits, the (rejection) sampler, drafting, and
 the engine step. Prints per-step means (ms) and query tokens per step; --json writes every step's record."""
@@ -40,7 +40,7 @@ def wrap(obj, name, key):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default="none,ngram,ours-adaptive")
+    ap.add_argument("--configs", default="none,ngram,ours")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompts", default="humaneval")
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -130,17 +130,17 @@ def test_attach_baseline_and_table():
 
 
 def test_registry_and_overrides():
-    assert {"none", "ngram", "vllm-dflash", "ours", "ours-adaptive", "ours-merged"} <= set(configs.REGISTRY)
+    assert {"none", "ngram", "vllm-dflash", "ours", "ours-fixed", "ours-merged"} <= set(configs.REGISTRY)
     assert configs.REGISTRY["ours-merged"].speculative_config("d", 7)["adaptive"] == "merged"
     none, ngram, theirs, ours = configs.select(["none", "ngram", "vllm-dflash", "ours"])
     assert none.speculative_config("d", 7) is None
     assert ngram.speculative_config(None, 7) == configs.NGRAM_SPEC
     assert theirs.speculative_config("d", 7) == {"method": "dflash", "model": "d", "num_speculative_tokens": 7}
     assert theirs.env == {"DFLASH_DRAFTER": "vllm"} and ours.env == {"DFLASH_DRAFTER": "ours"}
-    (ad,) = configs.select(["none", "ours-adaptive"], spec_extra=["ours-adaptive:diffusion_steps=2"],
-                           env_extra=["ours-adaptive:FOO=bar"])[1:]
-    assert ad.speculative_config("d", 7)["diffusion_steps"] == 2 and ad.env["FOO"] == "bar"
-    assert "ours-adaptive" in configs.REGISTRY and configs.REGISTRY["ours-adaptive"].env.get("FOO") is None  # copies
+    (fixed,) = configs.select(["none", "ours-fixed"], spec_extra=["ours-fixed:diffusion_steps=2"],
+                              env_extra=["ours-fixed:FOO=bar"])[1:]
+    assert fixed.speculative_config("d", 7)["diffusion_steps"] == 2 and fixed.env["FOO"] == "bar"
+    assert configs.REGISTRY["ours-fixed"].env.get("FOO") is None  # overrides go to copies
     with pytest.raises(ValueError, match="'none' is required"):
         configs.select(["ours"])
     with pytest.raises(ValueError, match="unknown"):
@@ -169,8 +169,8 @@ def test_adaptive_delta_and_table():
     assert a["share"] == {"dflash": 0.5, "ngram": 0.3, "merged": 0.1, "none": 0.1} and a["mean_draft_len"] == 3.0
     assert a["acceptance_rate"] == {"dflash": 0.25, "ngram": 1.0, "merged": 0.75}
     assert stats.adaptive_delta(after, after) is None
-    row = {"ok": True, "prompt_set": "humaneval", "concurrency": 8, "config": "ours-adaptive", "adaptive": a}
-    assert "| humaneval | 8 | ours-adaptive | 50% | 30% | 10% | 10% | 3.00 | 0.25 | 1.00 | 0.75 |" \
+    row = {"ok": True, "prompt_set": "humaneval", "concurrency": 8, "config": "ours", "adaptive": a}
+    assert "| humaneval | 8 | ours | 50% | 30% | 10% | 10% | 3.00 | 0.25 | 1.00 | 0.75 |" \
         in report.render_adaptive([row])
     assert report.render_adaptive([{**row, "adaptive": None}]) is None
 
@@ -179,7 +179,8 @@ def test_unknown_plugin_keys_make_a_config_unavailable():
     known = {"diffusion_steps": "VLLM_DFLASH_DIFFUSION_STEPS"}
     cfg = configs.BenchConfig("x", "x", method="dflash", spec_extra={"adaptive": True}, uses_draft=True)
     assert "['adaptive']" in cfg.unavailable_reason(known)
-    assert configs.BenchConfig("y", "y", method="dflash", spec_extra={"diffusion_steps": 2}).unavailable_reason(known) is None
+    fine = configs.BenchConfig("y", "y", method="dflash", spec_extra={"diffusion_steps": 2})
+    assert fine.unavailable_reason(known) is None
     assert configs.REGISTRY["ours"].unavailable_reason() is None
 
 
@@ -189,7 +190,8 @@ def test_time_split_table():
     assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | – | 75% | – | – | – |" in report.render_time_split([row])
     timed = {**row, "time_split_s": {**row["time_split_s"], "target_forward": 6.0, "target_forwards": 200}}
     # DFLASH_PROFILE=1: 6 s over 200 forwards = 30 ms each; the other 4 s of wall = 20 ms per forward
-    assert "| chat | 1 | ours | 10.0 | 20% | 5.0% | 60% | 15% | 200 | 30.0 | 20.0 |" in report.render_time_split([timed])
+    want = "| chat | 1 | ours | 10.0 | 20% | 5.0% | 60% | 15% | 200 | 30.0 | 20.0 |"
+    assert want in report.render_time_split([timed])
     ngram = {**row, "config": "ngram", "time_split_s": {"draft_forward": 0.0, "kv_injection": 0.0, "wall": 10.0,
                                                         "target_forward": 8.0, "target_forwards": 400}}
     assert "| chat | 1 | ngram | 10.0 | 0% | 0.0% | 80% | 20% | 400 | 20.0 | 5.0 |" in report.render_time_split([ngram])
@@ -246,7 +248,8 @@ def test_throughput_of_a_run_in_rounds_counts_only_each_rounds_own_span():
 
 
 def test_counter_deltas_of_several_waves_add_up():
-    waves = [({"a_total": 1.0, "g": 3.0}, {"a_total": 4.0, "g": 0.0}), ({"a_total": 10.0}, {"a_total": 12.0, "b_total": 1.0})]
+    waves = [({"a_total": 1.0, "g": 3.0}, {"a_total": 4.0, "g": 0.0}),
+             ({"a_total": 10.0}, {"a_total": 12.0, "b_total": 1.0})]
     assert stats.sum_deltas(waves) == {"a_total": 5.0, "g": -3.0, "b_total": 1.0}
     sd = stats.spec_decode_delta({}, stats.sum_deltas([({}, {}), ({}, {})]))
     assert sd["drafts"] == 0
@@ -264,10 +267,72 @@ def test_a_run_in_rounds_sums_counters_and_keeps_the_last_gauges():
         after = {"vllm:generation_tokens_total": gen1, "vllm_dflash:cost_fixed_ms": alpha,
                  "vllm_dflash:request_steps_total": 9.0}
         return {"reqs": [req], "before": before, "after": after, "load": [0.1, 0.2], "idle_cpu_s": 0.05}
-    cfg = SimpleNamespace(name="ours-adaptive", method="dflash")
+    cfg = SimpleNamespace(name="ours", method="dflash")
     run = _summarize(cfg, "chat", 1, [wave(0.0, 10, 100.0, 110.0, 40.0), wave(50.0, 20, 300.0, 320.0, 42.0)])
     assert run["server_generation_tokens"] == 30.0  # 10 + 20: the gap of 190 tokens between waves is not counted
     assert run["wall_s"] == 2.0 and run["output_tokens"] == 30 and run["rounds"] == 2
     assert run["dflash_gauges"] == {"cost_fixed_ms": 42.0}  # the last scrape's state, not a sum of differences
     assert run["idle_servers_cpu_s"] == 0.1
 
+
+
+def test_ours_is_the_default_and_ours_fixed_the_papers_block():
+    """One name, one meaning (issue 63): `ours` is our drafter as deployed (no extra key: the settings' default,
+    adaptive drafting), `ours-fixed` the paper's fixed block; --quick benches `ours`; the old names are refused with
+    the new one named."""
+    from vllm_dflash import settings
+    from vllm_dflash.bench.args import PRESETS
+
+    deployed = {"method": "dflash", "model": "d", "num_speculative_tokens": 7}  # the demo's and the README's config
+    assert configs.REGISTRY["ours"].speculative_config("d", 7) == deployed
+    assert settings.DEPLOYMENT_FIELDS["adaptive"].default is True  # so `ours` drafts adaptively
+    assert configs.REGISTRY["ours-fixed"].speculative_config("d", 7) == {**deployed, "adaptive": False}
+    assert "ours" in PRESETS["quick"]["configs"].split(",") and "ours-fixed" in configs.DEFAULT_CONFIGS
+    assert not set(configs.RENAMED) - {"ours"} & set(configs.REGISTRY)  # the old names are gone, but `ours`
+    with pytest.raises(ValueError, match="'ours-adaptive' was renamed: 'ours'.*Fix: write 'ours#g11'"):
+        configs.lookup("ours-adaptive#g11")
+
+
+@pytest.mark.parametrize("old,new", [("ours", "ours-fixed"), ("ours-adaptive", "ours"),
+                                     ("ours-adaptive#g11", "ours#g11"), ("ours@onednn@mp#x", "ours-fixed@onednn@mp#x"),
+                                     ("ours-no-overlap@mp", "ours-fixed-no-overlap@mp"),
+                                     ("ours-adaptive-overlap", "ours-overlap"), ("none+extras", "none+extras"),
+                                     ("ngram+extras@mp", "ngram+extras@mp"), ("ours-merged#a", "ours-merged#a")])
+def test_old_names_map_to_new(old, new):
+    assert configs.renamed(old) == new
+    configs.lookup(new)  # every mapped name is one today's bench serves
+
+
+def test_old_results_read_under_new_names():
+    """A result written before schema 2 (no meta.schema) is read with today's names everywhere a name appears; a
+    current one is returned as it is."""
+    from vllm_dflash.bench import meta
+
+    run = {"ok": True, "prompt_set": "chat", "concurrency": 1, "output_tok_s": 1.0}
+    old = {"meta": {"name": "x", "spec_extra": ["ours-adaptive#g11:guard_threshold=1.1"], "env_extra": ["ours:A=1"]},
+           "configs": {"none": {}, "ours": {"d": 1}, "ours-adaptive": {"d": 2}, "ours-adaptive#g11": {"d": 3}},
+           "runs": [{**run, "config": c} for c in ("none", "ours", "ours-adaptive")],
+           "losslessness": {"per_config": {"ours": {"identical": 1}, "ours-adaptive": {"identical": 2}}}}
+    new = meta.upgrade(old)
+    assert list(new["configs"]) == ["none", "ours-fixed", "ours", "ours#g11"] and new["configs"]["ours"] == {"d": 2}
+    assert [r["config"] for r in new["runs"]] == ["none", "ours-fixed", "ours"]
+    assert new["losslessness"]["per_config"] == {"ours-fixed": {"identical": 1}, "ours": {"identical": 2}}
+    assert new["meta"]["spec_extra"] == ["ours#g11:guard_threshold=1.1"]
+    assert new["meta"]["env_extra"] == ["ours-fixed:A=1"]
+    assert new["meta"]["schema"] == meta.SCHEMA and "schema" not in old["meta"]  # the input is left alone
+    assert meta.upgrade(new) is new
+
+
+def test_new_results_record_the_schema():
+    import argparse
+    from pathlib import Path
+
+    from vllm_dflash.bench import args as bench_args
+    from vllm_dflash.bench import meta
+
+    p = argparse.ArgumentParser()
+    bench_args.add_arguments(p)
+    a = p.parse_args(["--quick"])
+    a.name, a.num_prompts, a.waves, a.prompts_per_run, a.threads = "t", 2, 1, {1: 2}, 1
+    m = meta.build_meta(a, Path("t"), None, False, None, [1], ["chat"], "float32", 1)
+    assert m["schema"] == meta.SCHEMA == 2

@@ -30,7 +30,7 @@ def test_start_phases_follow_the_log(tmp_path):
     want = ["starting processes", "starting the engine", "loading weights", "compiling (torch.compile)",
             "warming up", "starting the API server", "ready"]
     with open(log, "w") as f:
-        for line, phase in zip(lines, want):
+        for line, phase in zip(lines, want, strict=True):
             f.write(line[:10])
             f.flush()
             w.poll()  # half a line: not judged yet
@@ -102,5 +102,5 @@ def test_demo_rows_are_stock_baselines_and_ours(tmp_path):
     assert base == demo.BASELINE and none_sc is None and ngram_sc["method"] == "ngram"
     for env in (none_env, ngram_env):
         assert PLUGIN_NAME not in env["VLLM_PLUGINS"].split(",")
-    assert ours == "vllm_dflash" and ours_sc["method"] == "dflash" and ours_sc["num_speculative_tokens"] == 7
+    assert ours == demo.OURS == "ours" and ours_sc["method"] == "dflash" and ours_sc["num_speculative_tokens"] == 7
     assert "VLLM_PLUGINS" not in ours_env

@@ -53,9 +53,8 @@ def test_length_planner_guards_use_the_threshold():
 
 
 def test_bench_labelled_copy_takes_its_own_overrides():
-    base, copy = select(["none", "ours-adaptive", "ours-adaptive#g11"],
-                        ["ours-adaptive#g11:guard_threshold=1.1"])[1:]
-    assert copy.name == "ours-adaptive#g11" and copy.spec_extra["guard_threshold"] == 1.1
-    assert "guard_threshold" not in base.spec_extra and base.spec_extra["adaptive"] is True
+    base, copy = select(["none", "ours", "ours#g11"], ["ours#g11:guard_threshold=1.1"])[1:]
+    assert copy.name == "ours#g11" and copy.spec_extra["guard_threshold"] == 1.1
+    assert "guard_threshold" not in base.spec_extra
     with pytest.raises(ValueError, match="empty label"):
-        select(["none", "ours-adaptive#"])
+        select(["none", "ours#"])

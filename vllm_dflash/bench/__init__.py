@@ -2,7 +2,7 @@
 """Benchmarks and the demo. The serving benchmark (`vllm-dflash bench`, `benchmarks/bench_serving.py`):
 
   configs.py : the configuration registry (stock vLLM none and ngram, none+extras, ngram+extras, vllm-dflash,
-               ours, ours-no-overlap, ours-adaptive, ours-adaptive-overlap, ...)
+               ours: our default, ours-overlap, ours-fixed: the paper's fixed block, ours-fixed-no-overlap, ...)
   client.py  : concurrent streaming OpenAI clients (asyncio) against one `vllm serve`
   stats.py   : pure maths: percentiles, /metrics counter deltas (τ, per-position acceptance), output comparison
   report.py  : markdown table and PNG plots
@@ -13,7 +13,8 @@
   drive.py   : the runs: each configuration's `vllm serve` started and warmed up, every prompt set and concurrency
                level against it (one server after another, or --interleave: all up, rotated rounds)
   lossless.py: greedy outputs against `none`, each difference explained (vllm_dflash.exactness)
-  meta.py    : the JSON's meta block (flags, engine, layout, machine, versions) and each run's hardware limit
+  meta.py    : the JSON's meta block (schema, flags, engine, layout, machine, versions), each run's hardware limit,
+               and `upgrade`, which reads a result written before the configurations were renamed
   run.py     : the driver: one real `vllm serve` per configuration, every prompt set and concurrency level
 Beside it:
   demo.py          : `vllm-dflash demo`: stock vLLM without speculation and with n-gram, and ours side by side

@@ -13,7 +13,8 @@ from vllm_dflash.bench.configs import DEFAULT_CONFIGS, REGISTRY
 # package's own folder: an installed package has no source tree).
 DEFAULT_OUT_DIR = "bench-results"
 # --quick and the full run differ only in these defaults (an explicit flag wins in both).
-# Quick: each `vllm serve` start costs 1-3 min on 2 busy cores, so it leaves out ngram and ours-adaptive.
+# Quick: each `vllm serve` start costs 1-3 min on 2 busy cores, so it runs stock vLLM, vLLM's own DFlash drafter and
+# `ours`, our drafter as deployed (the default: adaptive drafting), and leaves out ngram and `ours-fixed`.
 _ALL_CORES = f"0-{(os.cpu_count() or 1) - 1}"
 # Layout of the full run: every core bound to the model worker (OMP_NUM_THREADS = cores). Measured on a 2-core
 # bf16 CPU (dev/benchmark_notes.md, bench_v4 against bench_v5): no speculation 40 / 206 / 306 tok/s at
@@ -40,8 +41,9 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
     p.add_argument("--hinted-draft", default=None, help="the hinted draft (dflash_config.hint_ngram) that the "
                    "ours-hinted configuration serves (default: models/SmolLM2-135M-Instruct-DFlash-b8-hinted of a "
                    "source checkout, default target only)")
-    p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)}; NAME@mp serves NAME with vLLM's "
-                   "worker process (--distributed-executor-backend mp), NAME@onednn with vLLM's oneDNN GEMM, "
+    p.add_argument("--configs", default=None, help=f"comma list of {list(REGISTRY)} (`ours`: our default, adaptive "
+                   "drafting; `ours-fixed`: the paper's fixed block); NAME@mp serves NAME with vLLM's worker process "
+                   "(--distributed-executor-backend mp), NAME@onednn with vLLM's oneDNN GEMM, "
                    "NAME#LABEL is a labelled copy of NAME for A/Bs of --spec-extra / --env overrides "
                    f"(default: all; quick: {q['configs']})")
     p.add_argument("--prompt-sets", default="humaneval,chat",

@@ -14,8 +14,9 @@ the vLLM I have". `none+extras` and `ngram+extras` load the plugin with its CPU 
 (DFLASH_VLLM_EXTRAS=all), so what those extras alone give is reported on its own row."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 # The process-wide opt-in that gives a non-DFlash engine the plugin's bug fixes and CPU speed-ups (settings layer)
 EXTRAS_ENV = {"DFLASH_VLLM_EXTRAS": "all"}
@@ -84,37 +85,41 @@ REGISTRY: dict[str, BenchConfig] = {c.name: c for c in [
                 method="ngram", spec={k: v for k, v in NGRAM_SPEC.items() if k != "method"}, env=dict(EXTRAS_ENV)),
     BenchConfig("vllm-dflash", "vLLM's built-in dflash drafter, same draft checkpoint", method="dflash",
                 env={"DFLASH_DRAFTER": "vllm"}, uses_draft=True),
-    BenchConfig("ours", "vllm_dflash drafter, fixed block size (adaptive: false), overlap scheduling",
-                method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": False}, uses_draft=True),
-    BenchConfig("ours-no-overlap", "vllm_dflash drafter, fixed block size (adaptive: false), overlap off",
+    # `ours` carries no key of ours: it is what a user deploys with {"method": "dflash", "model": DRAFT}
+    BenchConfig("ours", "vllm_dflash drafter as deployed, no extra key (the default, adaptive drafting): per request "
+                "DFlash block, prompt lookup or the two merged, 0..k tokens from acceptance and an online step-cost "
+                "model (synchronous scheduling)", method="dflash", env={"DFLASH_DRAFTER": "ours"}, uses_draft=True),
+    BenchConfig("ours-overlap", "vllm_dflash drafter, adaptive with overlap scheduling: the drafter picks the source, "
+                "our AsyncScheduler subclass plans 0..k tokens per request", method="dflash",
+                env={"DFLASH_DRAFTER": "ours", "DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},
+                uses_draft=True),
+    BenchConfig("ours-fixed", "vllm_dflash drafter, the paper's fixed block (adaptive: false): every step verifies "
+                "the whole block; overlap scheduling", method="dflash", env={"DFLASH_DRAFTER": "ours"},
+                spec_extra={"adaptive": False}, uses_draft=True),
+    BenchConfig("ours-fixed-no-overlap", "vllm_dflash drafter, the paper's fixed block (adaptive: false), overlap off",
                 method="dflash", env={"DFLASH_DRAFTER": "ours", "DFLASH_OVERLAP": "0"},
                 spec_extra={"adaptive": False}, uses_draft=True),
-    BenchConfig("ours-adaptive", "vllm_dflash drafter as configured by default (adaptive: true): per request DFlash "
-                "block, prompt lookup or the two merged, "
-                "0..k tokens from acceptance and an online step-cost model (synchronous scheduling)", method="dflash",
-                env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True),
-    BenchConfig("ours-no-reexplore", "ours-adaptive without re-exploration (reexplore_steps 0): a request whose "
-                "drafts of a source stopped paying keeps its record and never tries that source again",
+    BenchConfig("ours-no-reexplore", "ours without re-exploration (reexplore_steps 0): a request whose drafts of a "
+                "source stopped paying keeps its record and never tries that source again",
                 method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True, "reexplore_steps": 0},
                 uses_draft=True),
-    BenchConfig("ours-no-cross", "ours-adaptive without cross-request lookup (cross_lookup 0): prompt lookup in the "
+    BenchConfig("ours-no-cross", "ours without cross-request lookup (cross_lookup 0): prompt lookup in the "
                 "request's own history only", method="dflash", env={"DFLASH_DRAFTER": "ours"},
                 spec_extra={"adaptive": True, "cross_lookup": 0}, uses_draft=True),
     BenchConfig("ours-merged", "vllm_dflash drafter, adaptive with the merged source only: prompt-lookup tokens "
                 "first, the DFlash block after them; 0..k tokens per request (synchronous scheduling)", method="dflash",
                 env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": "merged"}, uses_draft=True),
-    BenchConfig("ours-hinted", "vllm_dflash drafter as configured by default (adaptive: true) with the hinted draft "
-                "(--hinted-draft): its block is fed the prompt-lookup continuation, [anchor, h1 .. hm, MASK ..]",
+    BenchConfig("ours-hinted", "ours with the hinted draft (--hinted-draft): its block is fed the prompt-lookup "
+                "continuation, [anchor, h1 .. hm, MASK ..]",
                 method="dflash", env={"DFLASH_DRAFTER": "ours"}, spec_extra={"adaptive": True}, uses_draft=True,
                 hinted=True),
-    BenchConfig("ours-adaptive-overlap", "vllm_dflash drafter, adaptive with overlap scheduling: the drafter picks "
-                "the source, our AsyncScheduler subclass plans 0..k tokens per request", method="dflash",
-                env={"DFLASH_DRAFTER": "ours", "DFLASH_OVERLAP": "1"}, spec_extra={"adaptive": True},
-                uses_draft=True),
 ]}
 
 # the baselines first: stock vLLM without and with prompt lookup (the speed-ups are over stock `none`)
-DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-no-overlap", "ours-adaptive", "ours-adaptive-overlap")
+DEFAULT_CONFIGS = ("none", "ngram", "vllm-dflash", "ours", "ours-overlap", "ours-fixed", "ours-fixed-no-overlap")
+# Names before result schema 2 (bench/meta.py: SCHEMA): `ours` was the fixed block, `ours-adaptive` the default.
+RENAMED = {"ours": "ours-fixed", "ours-no-overlap": "ours-fixed-no-overlap", "ours-adaptive": "ours",
+           "ours-adaptive-overlap": "ours-overlap"}
 
 
 MP_SUFFIX = "@mp"  # a variant served with vLLM's worker process: --distributed-executor-backend mp
@@ -122,23 +127,41 @@ ONEDNN_SUFFIX = "@onednn"  # a variant with vLLM's own oneDNN GEMM for every lin
 LABEL_SEP = "#"  # NAME#LABEL: a labelled copy of NAME, so one run can hold NAME twice with different overrides
 
 
-def lookup(name: str) -> BenchConfig:
-    """A copy of the registry entry `name` (a stock entry's env keeps the plugin out: `stock_env`), or of its
-    variants: `NAME@mp` (vLLM's worker-process layout on CPU),
-    `NAME@onednn` (vLLM's oneDNN GEMM for every linear layer: DFLASH_CPU_GEMM_F32=off, DFLASH_CPU_GEMV=off), or
-    both (`NAME@onednn@mp`). `NAME#LABEL` (after any of those): a copy of NAME under its own name, for side-by-side
-    A/Bs of `--spec-extra` / `--env-extra` overrides (e.g. `ours-adaptive` against `ours-adaptive#g11` with
-    `ours-adaptive#g11:guard_threshold=1.1`)."""
-    import copy
-
+def _parts(name: str) -> tuple[str, list[str], str, str]:
+    """`NAME@onednn@mp#LABEL` -> (base NAME, its suffixes, the label separator or '', the label)."""
     base, label_sep, label = name.partition(LABEL_SEP)
-    if label_sep and not label:
-        raise ValueError(f"bench: configuration {name!r} has an empty label. Fix: write NAME{LABEL_SEP}LABEL")
     suffixes = []
     while base.endswith((MP_SUFFIX, ONEDNN_SUFFIX)):
         suffix = MP_SUFFIX if base.endswith(MP_SUFFIX) else ONEDNN_SUFFIX
         suffixes.append(suffix)
         base = base[:-len(suffix)]
+    return base, suffixes, label_sep, label
+
+
+def renamed(name: str) -> str:
+    """A configuration name of a result written before schema 2 under today's name (`RENAMED`), suffixes and label
+    kept: `ours-adaptive#g11` -> `ours#g11`, `ours@mp` -> `ours-fixed@mp`; other names unchanged."""
+    base, suffixes, label_sep, label = _parts(name)
+    if base not in RENAMED:
+        return name
+    return RENAMED[base] + "".join(reversed(suffixes)) + label_sep + label
+
+
+def lookup(name: str) -> BenchConfig:
+    """A copy of the registry entry `name` (a stock entry's env keeps the plugin out: `stock_env`), or of its
+    variants: `NAME@mp` (vLLM's worker-process layout on CPU),
+    `NAME@onednn` (vLLM's oneDNN GEMM for every linear layer: DFLASH_CPU_GEMM_F32=off, DFLASH_CPU_GEMV=off), or
+    both (`NAME@onednn@mp`). `NAME#LABEL` (after any of those): a copy of NAME under its own name, for side-by-side
+    A/Bs of `--spec-extra` / `--env-extra` overrides (e.g. `ours` against `ours#g11` with
+    `ours#g11:guard_threshold=1.1`)."""
+    import copy
+
+    base, suffixes, label_sep, label = _parts(name)
+    if label_sep and not label:
+        raise ValueError(f"bench: configuration {name!r} has an empty label. Fix: write NAME{LABEL_SEP}LABEL")
+    if base not in REGISTRY and base in RENAMED:
+        raise ValueError(f"bench: configuration {base!r} was renamed: {RENAMED[base]!r} (`ours` is the default, "
+                         f"adaptive drafting; `ours-fixed` the paper's fixed block). Fix: write {renamed(name)!r}")
     if base not in REGISTRY or len(set(suffixes)) != len(suffixes):
         raise ValueError(f"bench: unknown configuration {name!r}. Fix: use one of {list(REGISTRY)}, with "
                          f"{MP_SUFFIX} for vLLM's worker process and/or {ONEDNN_SUFFIX} for vLLM's oneDNN GEMM, "

@@ -18,6 +18,7 @@ from vllm_dflash.utils import get_logger
 logger = get_logger(__name__)
 
 BASELINE = "stock vLLM, no speculation"
+OURS = "ours"  # our drafter with no extra keys: the default (adaptive drafting), as the bench names it
 # memory one demo server takes at most (API server, engine core, worker with the 1 GiB KV space), for parallel starts
 SERVER_GIB = 3.0
 
@@ -27,7 +28,8 @@ def _drive(server, prompts: list[list[dict]], max_tokens: int) -> tuple[list[str
     from openai import OpenAI
 
     client = OpenAI(base_url=server.url + "/v1", api_key="none")
-    client.chat.completions.create(model="target", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)  # warm-up
+    client.chat.completions.create(model="target", messages=[{"role": "user", "content": "Hi"}],
+                                   max_tokens=4)  # warm-up
     texts, ids, n_tokens, t0 = [], [], 0, time.perf_counter()
     for messages in prompts:
         r = client.chat.completions.create(model="target", messages=messages, max_tokens=max_tokens, temperature=0.0,
@@ -47,8 +49,7 @@ def demo_configs(draft_dir: Path, block_size: int) -> list[tuple[str, dict | Non
     return [(BASELINE, None, stock_env()),
             ("stock vLLM n-gram (k=4)", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                          "prompt_lookup_min": 2}, stock_env()),
-            ("vllm_dflash", {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1},
-             {})]
+            (OURS, {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1}, {})]
 
 
 def start_in_parallel(n_servers: int, meminfo: str | None = None) -> bool:
@@ -223,8 +224,8 @@ def run_demo(draft: str | Path | None = None, num_prompts: int = 4, max_tokens: 
     print(f"speedup: output tok/s over {BASELINE} (vllm_dflash not loaded in the stock servers); tokens/forward: "
           "generated tokens per target forward (engine step); τ: vLLM's mean acceptance length, counted only on "
           "steps that proposed drafts.")
-    print(f"vllm_dflash vs {BASELINE}: {results['vllm_dflash']['tok_s'] / base['tok_s']:.2f}x; the demo took "
-          f"{_fmt_s(elapsed)} (server starts {'at once' if parallel else 'one after another'}: "
+    print(f"{OURS} (vllm_dflash, default config) vs {BASELINE}: {results[OURS]['tok_s'] / base['tok_s']:.2f}x; "
+          f"the demo took {_fmt_s(elapsed)} (server starts {'at once' if parallel else 'one after another'}: "
           f"{_fmt_s(max(start_s.values()) if parallel else sum(start_s.values()))})")
     return 1 if failed else 0
 
@@ -253,7 +254,7 @@ def _measure(srv, sc: dict | None, items: list[dict], prompts: list[list[dict]],
     if sc is not None and base is not None:
         # float32 DFlash on our AVX2 GEMM against stock oneDNN: different summation orders (exactness.F32_KERNELS_NATS)
         kernels_differ = sc.get("method") == "dflash" and dtype == "float32" and _own_f32_gemm()
-        divs = [d for it, a, b, ia, ib in zip(items, base["texts"], texts, base["ids"], ids)
+        divs = [d for it, a, b, ia, ib in zip(items, base["texts"], texts, base["ids"], ids, strict=True)
                 if (d := explain(srv.url, tok, it, a, b, dtype, ids=server_ids(*ia, ib[1]),
                                  kernels_differ=kernels_differ))]
         r["exact"] = summarize(len(texts), divs, dtype, kernels_differ)

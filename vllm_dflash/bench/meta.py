@@ -13,6 +13,10 @@ from typing import Any
 from vllm_dflash import settings
 from vllm_dflash.bench import limit
 
+# The result format: 2 since the configurations were renamed (`ours` the default, `ours-fixed` the paper's block:
+# configs.RENAMED); a result without `meta.schema` is 1. Readers of result files go through `upgrade`.
+SCHEMA = 2
+
 # The servers' processes (TP 1): patches/cpu_uniproc.py keeps vLLM's `uni` executor on CPU where the plugin acts
 PROCESSES = ("`vllm serve` with V1 multiprocessing (an API server and an engine core process; stock configurations "
              "(`none`, `ngram`: vllm_dflash not loaded) add vLLM's CPU worker process; where vllm_dflash acts, the "
@@ -58,7 +62,7 @@ def build_meta(a: argparse.Namespace, target: Path, draft: Path | None, trained:
                levels: list[int], prompt_sets: list[str], dtype: str, max_num_seqs: int) -> dict[str, Any]:
     """The JSON's `meta` block as the run starts (run.py adds the hinted draft, and once the runs are done the hardware
     limit, the end load and the elapsed time)."""
-    return {"name": a.name, "quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    return {"schema": SCHEMA, "name": a.name, "quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "target": str(target), "draft": str(draft) if draft else None, "draft_trained": trained,
             "num_speculative_tokens": k, "prompt_sets": prompt_sets, "num_prompts": a.num_prompts,
             "waves": a.waves, "prompts_per_run": {str(c): n for c, n in a.prompts_per_run.items()},
@@ -101,3 +105,28 @@ def attach_limits(result: dict[str, Any], hw: limit.Hardware, size: limit.ModelS
         lim = limit.limit_tok_s(hw, size, r["concurrency"], tpf, q)
         r["limit"] = {**lim, "tokens_per_forward": tpf, "query_per_request": q,
                       "fraction": r["output_tok_s"] / lim["limit_tok_s"]}
+
+
+def upgrade(result: dict[str, Any]) -> dict[str, Any]:
+    """A serving result as today's code writes it: one of schema 1 gets today's configuration names (configs.RENAMED:
+    old `ours` -> `ours-fixed`, old `ours-adaptive` -> `ours`, suffixes and labels kept) wherever a name is a key
+    or a value: the configurations, the runs, the greedy check, the overrides. A copy; a current result is returned
+    as it is."""
+    from vllm_dflash.bench.configs import renamed
+
+    if result["meta"].get("schema", 1) >= SCHEMA:
+        return result
+
+    def override(item: str) -> str:  # CONFIG:KEY=VALUE
+        name, sep, rest = item.partition(":")
+        return renamed(name) + sep + rest
+
+    ll = result.get("losslessness")
+    return {**result,
+            "meta": {**result["meta"], "schema": SCHEMA,
+                     "spec_extra": [override(x) for x in result["meta"].get("spec_extra", [])],
+                     "env_extra": [override(x) for x in result["meta"].get("env_extra", [])]},
+            "configs": {renamed(n): c for n, c in result["configs"].items()},
+            "runs": [{**r, "config": renamed(r["config"])} for r in result["runs"]],
+            **({"losslessness": {**ll, "per_config": {renamed(n): v for n, v in ll["per_config"].items()}}}
+               if ll else {})}

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.bench.categories import CAPTION, render_categories
 from vllm_dflash import exactness
+from vllm_dflash.bench.categories import CAPTION, render_categories
 
 
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
@@ -30,7 +30,8 @@ def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], li
         key = (r["prompt_set"], r["config"])
         tot, drafts = acc.get(key, ([], 0.0))
         per = sd["per_position_accepted"]
-        tot = [(tot[i] if i < len(tot) else 0.0) + (per[i] if i < len(per) else 0.0) for i in range(max(len(tot), len(per)))]
+        tot = [(tot[i] if i < len(tot) else 0.0) + (per[i] if i < len(per) else 0.0)
+               for i in range(max(len(tot), len(per)))]
         acc[key] = (tot, drafts + sd["drafts"])
     return {k: [a / d for a in tot] for k, (tot, d) in acc.items()}
 
@@ -38,8 +39,8 @@ def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], li
 def render_table(runs: list[dict[str, Any]]) -> str:
     """The main results table, one row per run (prompt set, concurrency, configuration)."""
     lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | tokens / forward "
-             "| tokens / chunk | limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) "
-             "| greedy identical to none | load avg 1m |",
+             "| tokens / chunk | limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) "
+             "| TPOT p50 / p90 / p99 (ms) | greedy identical to none | load avg 1m |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if not r.get("ok"):
@@ -146,9 +147,9 @@ def render_time_split(runs: list[dict[str, Any]]) -> str | None:
         rest = max(w - t["draft_forward"] - t["kv_injection"] - tf, 0.0)
         n = t.get("target_forwards") or 0
         per = f"{tf / n * 1e3:.1f} | {(w - tf) / n * 1e3:.1f}" if n and tf else "– | –"
-        lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {w:.1f} | {t['draft_forward'] / w:.0%} "
-                     f"| {t['kv_injection'] / w:.1%} | {_f(tf / w if tf else None, '{:.0%}')} | {rest / w:.0%} "
-                     f"| {n or '–'} | {per} |")
+        lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {w:.1f} "
+                     f"| {t['draft_forward'] / w:.0%} | {t['kv_injection'] / w:.1%} "
+                     f"| {_f(tf / w if tf else None, '{:.0%}')} | {rest / w:.0%} | {n or '–'} | {per} |")
     return "\n".join(lines)
 
 
@@ -190,6 +191,11 @@ def outside_worst(result: dict[str, Any]) -> tuple[dict[str, Any], float, float]
 
 
 def render_markdown(result: dict[str, Any]) -> str:
+    """The run's markdown page; a result written before schema 2 is shown under today's configuration names
+    (meta.upgrade)."""
+    from vllm_dflash.bench.meta import upgrade
+
+    result = upgrade(result)
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
     out = [f"# Serving benchmark `{m['name']}`", "",
@@ -198,14 +204,16 @@ def render_markdown(result: dict[str, Any]) -> str:
            f"load average at start {m['machine']['loadavg_start']}, at end {m['machine'].get('loadavg_end')}.", "",
            f"- target: `{m['target']}`; draft: `{m['draft']}`"
            + ("" if m["draft_trained"] else " (**UNTRAINED**: τ ≈ 1 and a slowdown are expected)"),
-           f"- workload: {workload_text(m.get('temperature') or 0.0)}, max_tokens {m['max_tokens']}, ignore_eos {m['ignore_eos']}, "
+           f"- workload: {workload_text(m.get('temperature') or 0.0)}, max_tokens {m['max_tokens']}, "
+           f"ignore_eos {m['ignore_eos']}, "
            f"prompt sets {', '.join(m['prompt_sets'])}, {prompts_per_run_text(m)}, "
            f"concurrency {', '.join(map(str, m['concurrency']))}; streaming OpenAI chat clients (asyncio); "
            "one warm-up request per prompt set before measuring",
            f"- engine (every configuration): `vllm serve --dtype {eng['dtype']}"
            f"{' --enforce-eager' if eng.get('enforce_eager', True) else ''} --max-model-len "
-           f"{eng['max_model_len']} --max-num-seqs {eng['max_num_seqs']}`, VLLM_CPU_KVCACHE_SPACE={eng['kv_cache_gib']} "
-           f"GiB, OMP_NUM_THREADS={lay['omp_num_threads']}, VLLM_CPU_OMP_THREADS_BIND={lay['cpu_bind']}, "
+           f"{eng['max_model_len']} --max-num-seqs {eng['max_num_seqs']}`, "
+           f"VLLM_CPU_KVCACHE_SPACE={eng['kv_cache_gib']} GiB, OMP_NUM_THREADS={lay['omp_num_threads']}, "
+           f"VLLM_CPU_OMP_THREADS_BIND={lay['cpu_bind']}, "
            f"DFLASH_CPU_GEMV={eng.get('cpu_gemv', 0) or 'off'}, "
            + (f"DFLASH_CPU_GEMM_F32={eng['cpu_gemm_f32']} (`@onednn` configurations: off), " if "cpu_gemm_f32" in eng
               else "")
@@ -243,14 +251,14 @@ def render_markdown(result: dict[str, Any]) -> str:
             + ROUND_SPREAD_NOTE + "); "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
-            "with a fixed block every decode step verifies drafts, so τ is it there); tokens / chunk = completion tokens / "
-            "streamed chunks with text, measured by the client for every configuration (vLLM streams one chunk per "
-            "engine step of a request, so this is tokens per target forward for n-gram too; an upper estimate, since "
-            "a step whose tokens decode to no text joins the next chunk: `none` shows the size of that effect); "
-            "limit = the hardware bound "
-            "of the run's shape (bench/limit.py: max(weights / measured read bandwidth, query tokens × 2 × "
-            "parameters / measured GEMM rate) per step, c × tokens per forward per step; attention and host work "
-            "left out, so it is optimistic)" + _limit_inputs(result["meta"].get("limit")), "",
+            "with a fixed block every decode step verifies drafts, so τ is it there); tokens / chunk = completion "
+            "tokens / streamed chunks with text, measured by the client for every configuration (vLLM streams one "
+            "chunk per engine step of a request, so this is tokens per target forward for n-gram too; an upper "
+            "estimate, since a step whose tokens decode to no text joins the next chunk: `none` shows the size of "
+            "that effect); limit = the hardware bound of the run's shape (bench/limit.py: max(weights / measured "
+            "read bandwidth, query tokens × 2 × parameters / measured GEMM rate) per step, c × tokens per forward "
+            "per step; attention and host work left out, so it is optimistic)"
+            + _limit_inputs(result["meta"].get("limit")), "",
             render_table(result["runs"]), "", "## Acceptance rate by draft position (all concurrency levels)", "",
             render_acceptance(result["runs"]), ""]
     cats = render_categories(result["runs"])
@@ -290,8 +298,13 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
-    """PNG plots next to the JSON: <prefix>-speedup.png and <prefix>-acceptance.png. Returns the written paths."""
-    import matplotlib
+    """PNG plots next to the JSON: <prefix>-speedup.png and <prefix>-acceptance.png. Returns the written paths (none,
+    with a note, where matplotlib is not installed: it comes with the `train` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("plots skipped: matplotlib is not installed. Fix: pip install matplotlib (or 'vllm-dflash[train]')")
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -304,7 +317,7 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
     color = {name: f"C{i}" for i, name in enumerate(result["configs"])}  # one colour per configuration in both plots
     note = "" if result["meta"].get("draft_trained", True) else " (UNTRAINED draft)"
     fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
-    for ax, ps in zip(axes[0], sets):
+    for ax, ps in zip(axes[0], sets, strict=True):
         for cfg in dict.fromkeys(r["config"] for r in runs if r["config"] != "none"):
             pts = sorted(((r["concurrency"], r["speedup"], r.get("speedup_rounds")) for r in runs
                           if r["prompt_set"] == ps and r["config"] == cfg and r.get("speedup") is not None),
@@ -326,7 +339,7 @@ def plot(result: dict[str, Any], out_prefix: Path) -> list[Path]:
 
     agg = aggregate_acceptance(runs)
     fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
-    for ax, ps in zip(axes[0], sets):
+    for ax, ps in zip(axes[0], sets, strict=True):
         for cfg in result["configs"]:
             rates = agg.get((ps, cfg))
             if rates:
