@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from vllm_dflash.bench.categories import CAPTION, render_categories  # noqa: E402
 from vllm_dflash.bench.levels import DEFAULT_WAVES  # noqa: E402
 from vllm_dflash.bench.meta import upgrade  # noqa: E402
+from vllm_dflash.bench.stats import EXTRAS_BASELINE, attach_over  # noqa: E402
 from vllm_dflash.bench.report import (  # noqa: E402
     ROUND_SPREAD_NOTE,
     idle_servers_worst,
@@ -38,7 +39,9 @@ from vllm_dflash.bench.report import (  # noqa: E402
     render_acceptance,
     render_adaptive,
     render_time_split,
+    over_cell,
     round_spread,
+    run_kind,
 )
 
 sys.path.insert(0, str(REPO / "dev"))
@@ -228,6 +231,12 @@ def pivot(result: dict[str, Any]) -> str:
     for name in result["configs"]:
         cells = [_cell(by.get((name, ps, c)), name in best[(ps, c)]) for ps, c in cols]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if EXTRAS_BASELINE in result["configs"]:  # what speculation adds over our engine without it
+        attach_over(runs, EXTRAS_BASELINE)
+        for name in result["configs"]:
+            if name not in ("none", EXTRAS_BASELINE) and "+extras" not in name:
+                cells = [over_cell(by[(name, ps, c)]) if (name, ps, c) in by else "–" for ps, c in cols]
+                lines.append(f"| {name} / {EXTRAS_BASELINE} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -543,7 +552,8 @@ def brief_serving_section(stem: str, result: dict[str, Any]) -> list[str]:
     full = SERVING_TITLES.get(stem, f"Serving benchmark {stem}")
     per_run = result_file(stem, ".md")
     return [f"## {LATEST[stem]}", "",
-            f"- `{stem}`, {m['started'][:10]}, {machine(stem, m['machine']['cpu'])}; `vllm serve --dtype "
+            f"- `{stem}`, {m['started'][:10]}, {machine(stem, m['machine']['cpu'])}, kind **{run_kind(m)}**; "
+            f"`vllm serve --dtype "
             f"{eng['dtype']}`, {mode}, OMP_NUM_THREADS={m['layout']['omp_num_threads']}; vllm_dflash "
             f"{m['versions']['vllm_dflash']}, vLLM {m['versions']['vllm']}",
             f"- command: `{bench_command(m, list(result['configs']))}`",
@@ -581,18 +591,16 @@ def anchor(title: str) -> str:
     return "".join(ch for ch in title.lower().replace(" ", "-") if ch.isalnum() or ch in "-_")
 
 
-LATEST_INTRO = """The latest run of each kind, on 2-core CPUs without a GPU (AMD EPYC with AVX2 only, float32; Intel
-Xeon with avx512_bf16 and AMX; AMD EPYC with avx512_bf16). Every older run: [the history](../dev/BENCHMARKS-history.md).
+LATEST_INTRO = """The latest run of each kind on 2-core CPUs, no GPU; older: [the history](../dev/BENCHMARKS-history.md).
 
 How to read the serving tables:
 - Cells: output tok/s for `none` (no speculation); for the others the speed-up over `none` at the same prompt set
   and concurrency · tokens per target forward, every request-step counted (vLLM's τ, counted on steps that verified
   drafts). Marked ≈: derived from vLLM's counters. Best speed-up per column in bold; in brackets the lowest and
-  highest speed-up of one interleaved round.
-- Configurations: `ours` is our default (adaptive drafting), `ours-fixed` the paper's fixed block; per-run files
-  written before these names call them `ours-adaptive` and `ours`.
-- Baselines: each table says whether `none` and `ngram` ran stock vLLM (the plugin not loaded; `bench_v38_xeon_stock`
-  on) or vLLM with vllm_dflash installed (older runs, whose baselines carry the plugin's CPU changes).
+  highest speed-up of one interleaved round. Rows `X / none+extras`: X over our engine without speculation.
+- `ours` is our default (adaptive drafting), `ours-fixed` the paper's fixed block (per-run files written before these
+  names: `ours-adaptive` and `ours`). Baselines: each table says whether `none` and `ngram` ran stock vLLM (the plugin
+  not loaded; `bench_v38_xeon_stock` on) or vLLM with vllm_dflash installed (older runs).
 - The machines drift by 10-30 % within an hour: compare configurations within one table only. Above concurrency 1
   a lead of a few percent can flip between runs."""
 

@@ -71,6 +71,17 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_class(flags: str | None = None) -> str:
+    """The CPU kind every figure names, by its fastest matmul ISA: 'AMX' (amx_bf16), 'avx512_bf16', or 'AVX2' (no
+    native bf16: the tools run float32 there). flags: /proc/cpuinfo's text (default: this machine's)."""
+    if flags is None:
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = ""
+    return "AMX" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "AVX2"
+
+
 def cpu_kind() -> str:
     """The CPU class every figure should name: model name and whether bf16 is native."""
     name = "?"

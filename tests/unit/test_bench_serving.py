@@ -118,12 +118,12 @@ def test_attach_baseline_and_table():
                                          "error": "boom"}])
     rows = table.splitlines()
     assert len(rows) == 2 + 5 and rows[0].startswith("| prompts | concurrency | configuration")
-    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | 2.00 | 1.75 | 1.80 | – | – | 150 / 190 / 199 | 10 / 10 / 10 "
+    assert ("| humaneval | 1 | ours | 25.0 | 2.50× | – | 2.00 | 1.75 | 1.80 | – | – | 150 / 190 / 199 | 10 / 10 / 10 "
             "| 0/1 **1 MISMATCH** | – |") in rows
     near = {"near_ties": 1, "max_near_tie_margin": 0.04}  # an explained bf16 near-tie is not a mismatch
     assert report._exact_cell({"identical": 0, "compared": 1}, near) == "0/1 + 1 near-tie (margin ≤ 0.04)"
-    assert "| humaneval | 1 | ngram | 5.0 | 0.50× | 1.50 | 1.25 |" in table and "1/1 |" in table
-    assert "| humaneval | 8 | ours | 7.0 | – | 1.50 |" in table and "failed: boom" in table
+    assert "| humaneval | 1 | ngram | 5.0 | 0.50× | – | 1.50 | 1.25 |" in table and "1/1 |" in table
+    assert "| humaneval | 8 | ours | 7.0 | – | – | 1.50 |" in table and "failed: boom" in table
     assert "| humaneval | 1 | none | 10.0 | 1.00× | – | – | – |" in table
     acc = report.render_acceptance(runs)
     assert "| humaneval | ours | 0.500 | 0.250 |" in acc  # (3+1)/(4+4), (1+1)/(4+4): summed over c1 and c8

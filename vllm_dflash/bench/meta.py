@@ -34,10 +34,13 @@ LAYOUT_INTERLEAVED = (PROCESSES + ", one process group per configuration, **all 
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, core count and load average at the start."""
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
-    return {"cpu": cpu, "cores": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+    """CPU model, its kind (utils.cpu_class: AMX, avx512_bf16 or AVX2), core count and load average at the start."""
+    from vllm_dflash.utils import cpu_class
+
+    info = Path("/proc/cpuinfo").read_text()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    return {"cpu": cpu, "cpu_class": cpu_class(info), "cores": os.cpu_count(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def version(dist: str) -> str:

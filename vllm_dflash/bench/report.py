@@ -38,20 +38,20 @@ def aggregate_acceptance(runs: list[dict[str, Any]]) -> dict[tuple[str, str], li
 
 def render_table(runs: list[dict[str, Any]]) -> str:
     """The main results table, one row per run (prompt set, concurrency, configuration)."""
-    lines = ["| prompts | concurrency | configuration | output tok/s | speedup | τ | tokens / forward "
-             "| tokens / chunk | limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) "
+    lines = ["| prompts | concurrency | configuration | output tok/s | speedup | over none+extras | τ "
+             "| tokens / forward | tokens / chunk | limit tok/s (bound) | of limit | TTFT p50 / p90 / p99 (ms) "
              "| TPOT p50 / p90 / p99 (ms) | greedy identical to none | load avg 1m |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if not r.get("ok"):
             lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | failed: {r.get('error', '?')} "
-                         "| | | | | | | | | | |")
+                         "| | | | | | | | | | | |")
             continue
         sd, vs = r.get("spec_decode") or {}, r.get("vs_baseline")
         load = "–" if not r.get("loadavg_1m") else "{:.1f}–{:.1f}".format(*r["loadavg_1m"])  # machine noise
         same = "–" if vs is None else _exact_cell(vs, r.get("exactness"))
         lines.append(f"| {r['prompt_set']} | {r['concurrency']} | {r['config']} | {_f(r['output_tok_s'])} "
-                     f"| {speedup_cell(r)} | {_f(sd.get('tau'), '{:.2f}')} "
+                     f"| {speedup_cell(r)} | {over_cell(r)} | {_f(sd.get('tau'), '{:.2f}')} "
                      f"| {_f(sd.get('tokens_per_forward'), '{:.2f}')} | {_f(r.get('tokens_per_chunk'), '{:.2f}')} "
                      f"| {_limit_cells(r.get('limit'))} "
                      f"| {_pcts(r['ttft_ms'])} "
@@ -74,6 +74,28 @@ def round_spread(r: dict[str, Any]) -> str:
 def speedup_cell(r: dict[str, Any]) -> str:
     """'1.04×', with `round_spread` after it ('1.04× (0.98–1.09)')."""
     return _f(r.get("speedup"), "{:.2f}×") + round_spread(r)
+
+
+def run_kind(meta: dict[str, Any]) -> str:
+    """'avx512_bf16, bfloat16': the CPU kind (meta machine.cpu_class) and the dtype of a run. Results written before
+    the kind was recorded: a Xeon of this project's runs had AMX, an EPYC in bf16 avx512_bf16, else AVX2 (marked
+    'inferred')."""
+    mach, dtype = meta.get("machine", {}), meta.get("engine", {}).get("dtype", "?")
+    kind = mach.get("cpu_class")
+    if kind is None:
+        cpu = mach.get("cpu", "")
+        kind = ("AMX" if "Xeon" in cpu else "avx512_bf16" if dtype in ("bfloat16", "auto") else "AVX2") + " (inferred)"
+    return f"{kind}, {dtype}"
+
+
+def over_cell(r: dict[str, Any], baseline: str = "none+extras") -> str:
+    """'0.97× (0.95–0.99)': output tok/s over `baseline` at the same level, its per-round spread (stats.attach_over),
+    '–' where the run has no such baseline (a result without it, or the baseline itself)."""
+    o = (r.get("over") or {}).get(baseline)
+    if o is None:
+        return "–"
+    rounds = o.get("rounds")
+    return f"{o['ratio']:.2f}×" + (f" ({min(rounds):.2f}–{max(rounds):.2f})" if rounds else "")
 
 
 def _limit_cells(lim: dict[str, Any] | None) -> str:
@@ -195,12 +217,16 @@ def render_markdown(result: dict[str, Any]) -> str:
     (meta.upgrade)."""
     from vllm_dflash.bench.meta import upgrade
 
+    from vllm_dflash.bench.stats import EXTRAS_BASELINE, attach_over
+
     result = upgrade(result)
+    attach_over(result["runs"], EXTRAS_BASELINE)  # results written before the column had it computed
     m = result["meta"]
     eng, lay = m["engine"], m["layout"]
     out = [f"# Serving benchmark `{m['name']}`", "",
            f"{m['started']}; vllm_dflash {m['versions']['vllm_dflash']}, vLLM {m['versions']['vllm']}, "
-           f"torch {m['versions']['torch']}; machine: {m['machine']['cpu']} ({m['machine']['cores']} cores), "
+           f"torch {m['versions']['torch']}; machine: {m['machine']['cpu']} ({m['machine']['cores']} cores; kind "
+           f"**{run_kind(m)}**), "
            f"load average at start {m['machine']['loadavg_start']}, at end {m['machine'].get('loadavg_end')}.", "",
            f"- target: `{m['target']}`; draft: `{m['draft']}`"
            + ("" if m["draft_trained"] else " (**UNTRAINED**: τ ≈ 1 and a slowdown are expected)"),
@@ -248,7 +274,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         out.append(f"| {name} | {c['description']} | {spec} | {env} | {status} |")
     out += ["", "## Results", "", "speedup = output tok/s over `none` (stock vLLM, no speculation) at the same prompt "
             "set and concurrency ("
-            + ROUND_SPREAD_NOTE + "); "
+            + ROUND_SPREAD_NOTE + "); over none+extras = the same over `none+extras` (our engine's CPU speed-ups "
+            "without speculation: what speculation itself adds; '–' where the run has no such row); "
             "τ = 1 + accepted / drafts from vLLM's spec-decode counters (delta over the run); tokens / forward = "
             "generated tokens / request-steps, steps without drafts included (counted by adaptive drafting only; "
             "with a fixed block every decode step verifies drafts, so τ is it there); tokens / chunk = completion "

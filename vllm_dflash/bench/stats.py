@@ -147,3 +147,19 @@ def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none", compare:
         # per interleaved round: the speed-up's spread under drift (the baseline's own ratios would all be 1)
         r["speedup_rounds"] = None if r is b else paired_ratios(r, b)
         r["vs_baseline"] = None if r is b or not compare else compare_outputs(b["outputs"], r["outputs"])
+    attach_over(runs, EXTRAS_BASELINE)
+
+
+EXTRAS_BASELINE = "none+extras"  # our engine's CPU speed-ups without speculation: what speculation must not lose to
+
+
+def attach_over(runs: list[dict[str, Any]], baseline: str) -> None:
+    """In place: `over[baseline]` = {"ratio": output tok/s over that configuration's run at the same prompt set and
+    concurrency, "rounds": its per-round ratios (`paired_ratios`) or None} for every other run that has one."""
+    base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == baseline and r.get("ok")}
+    for r in runs:
+        b = base.get((r["prompt_set"], r["concurrency"]))
+        if r is b or b is None or not r.get("ok") or not b["output_tok_s"] > 0:
+            continue
+        r.setdefault("over", {})[baseline] = {"ratio": r["output_tok_s"] / b["output_tok_s"],
+                                              "rounds": paired_ratios(r, b)}
