@@ -4,7 +4,8 @@ counts it in vllm_dflash:metrics_snapshots_skipped_total, and the good snapshots
 
 Regression (issue 51 item 6, review M-1): only unreadable JSON was skipped; any other shape raised out of
 `DFlashCollector.collect` (so `generate_latest` of the registry vLLM serves failed, vLLM's own metrics included), and a
-histogram with another bucket count was silently cut to the shorter one."""
+histogram with another bucket count was silently cut to the shorter one. Issue 61 item 5 (review NEW-5): a counter
+this version does not know, with a value that is not a number, passed the check and then raised in `merged`."""
 import json
 import logging
 
@@ -27,6 +28,9 @@ BAD = {
     "hist_wrong_bucket_count": {"hists": {"accepted_tokens_per_step": {"counts": [7], "sum": 7.0, "count": 7}}},
     "hists_not_object": {"hists": 3},
     "counter_is_bool": {"counters": {"draft_steps": True}},
+    "unknown_counter_is_text": {"counters": {"a_newer_metric": "x"}},  # review-scripts/m1.py
+    "unknown_counter_is_list": {"counters": {"a_newer_metric": [1]}},
+    "unknown_gauge_is_text": {"gauges": {"a_newer_gauge": "x"}},
 }
 
 
@@ -80,5 +84,14 @@ def test_a_valid_snapshot_passes_the_check():
     sink.observe("accepted_tokens_per_step", 2.0)
     assert M.snapshot_problem(sink.snapshot()) is None
     assert M.snapshot_problem({}) is None  # nothing to merge is not wrong
-    assert M.snapshot_problem({"counters": {"a_newer_metric": "x"}}) is None  # names this version does not know
+    newer = {"counters": {"a_newer_metric": 2}, "gauges": {"a_newer_gauge": 3.0}, "hists": {"a_newer_hist": [1]}}
+    assert M.snapshot_problem(newer) is None  # names this version does not know: numbers, or a histogram of any shape
+    assert "not a number" in M.snapshot_problem({"counters": {"a_newer_metric": "x"}})
     assert "bucket" in M.snapshot_problem({"hists": {"accepted_tokens_per_step": {**GOOD_HIST, "counts": [1]}}})
+
+
+def test_merged_exports_only_known_names():
+    m = M.merged([{"counters": {"a_newer_metric": 2, "draft_steps": 1}, "gauges": {"a_newer_gauge": 3.0},
+                   "hists": {"a_newer_hist": [1]}}])
+    assert m["counters"]["draft_steps"] == 1 and "a_newer_metric" not in m["counters"]
+    assert "a_newer_gauge" not in m["gauges"] and "a_newer_hist" not in m["hists"]

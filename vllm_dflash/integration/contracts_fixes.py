@@ -41,6 +41,22 @@ FIX_CONTRACTS: tuple[Contract, ...] = (
         source=("torch.compiler.load_compiled_function(", "compiled_fn.finalize_loading("), patch="aot_compile_load",
         test="tests/vllm/test_vllm_compile_cache.py::test_compile_cache_loads"),
     Contract(
+        "vllm.compilation.caching:aot_compile_hash_factors", "function", "integration/patches/aot_compile_load.py",
+        "wrapped: where our CPU linear op runs (cpu_gemv.py: DFLASH_CPU_GEMM_F32, DFLASH_CPU_GEMV, "
+        "DFLASH_VLLM_EXTRAS), one more factor names its row limits",
+        "the factors of the AOT compile-cache key (the folder under VLLM_CACHE_ROOT/torch_compile_cache/"
+        "torch_aot_compile/), computed in the process that compiles; `vllm_config.compute_hash()` covers "
+        "`additional_config`, not our process settings",
+        params=("vllm_config",), exact=True, source=("vllm_config.compute_hash()",),
+        test="tests/vllm/test_vllm_compile_cache.py::test_another_gemm_routing_compiles_its_own"),
+    Contract(
+        "vllm.compilation.decorators:_support_torch_compile", "function", "integration/patches/aot_compile_load.py",
+        "its compiled model's `__call__` reaches our wrapped `aot_compile_hash_factors`",
+        "`__call__` imports `aot_compile_hash_factors` from vllm.compilation.caching at call time (a module "
+        "attribute replaced after vLLM's import reaches it)",
+        source=("from .caching import aot_compile_hash_factors",),
+        test="tests/vllm/test_vllm_compile_cache.py::test_another_gemm_routing_compiles_its_own"),
+    Contract(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_prompt_logprobs_dict", "method",
         "integration/patches/lora_prompt_logprobs.py",
         "wrapped: while it runs, `self.model.compute_logits` on a slice of `hidden_states` gets the LoRA sampler "

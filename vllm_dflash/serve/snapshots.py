@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_dflash.serve.metric_names import COUNTERS, GAUGES, HISTOGRAMS
+from vllm_dflash.serve.metric_names import COUNTERS, GAUGES, HISTOGRAMS, LABELS, known_key
 
 HOST = socket.gethostname()
 
@@ -135,13 +135,17 @@ def snapshot_problem(snap) -> str | None:
     """Why a snapshot cannot be merged, or None. A snapshot is checked whole before any of it is merged: a wrong
     shape (another plugin version's file, a hand-placed one) must not raise in the collector, which would fail the
     whole of /metrics (vLLM's own metrics share the registry), nor be merged in part (a histogram with another
-    bucket count would be cut to the shorter one). Names this version does not know are ignored."""
+    bucket count would be cut to the shorter one). A histogram this version does not know is not checked (nor merged);
+    a counter or gauge must be a number whatever its name (every version writes numbers there)."""
     if not isinstance(snap, dict):
         return f"a JSON {type(snap).__name__}, not an object"
     if "time" in snap and not _finite(snap["time"]):
         return "time is not a number"
     if not isinstance(snap.get("server"), (str, type(None))):
         return "server is not a string"
+    labels = snap.get("labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        return "labels is not an object of strings"
     for part in ("hists", "gauges", "counters"):
         if not isinstance(snap.get(part, {}), dict):
             return f"{part} is not an object"
@@ -156,9 +160,9 @@ def snapshot_problem(snap) -> str | None:
             return f"histogram {name}: counts must be {n} numbers (one per bucket)"
         if not _finite(h.get("sum")) or not _finite(h.get("count")):
             return f"histogram {name}: sum and count must be numbers"
-    for part, known in (("gauges", GAUGES), ("counters", COUNTERS)):
+    for part in ("gauges", "counters"):
         for name, v in snap.get(part, {}).items():
-            if name in known and not _finite(v):
+            if not _finite(v):
                 return f"{part[:-1]} {name} is not a number"
     return None
 
@@ -201,20 +205,30 @@ def read_snapshots(directory: str | Path | None = None, prune: bool = False,
     return out
 
 
-def merged(snapshots: list[dict]) -> dict:
-    """Sum histograms and counters over processes; gauges: the value of the most recent writer that set it."""
-    hists = {k: {"counts": [0] * len(b), "sum": 0.0, "count": 0} for k, (_, b) in HISTOGRAMS.items()}
-    counters = {k: 0.0 for k in COUNTERS}
+def _empty(hist: str) -> dict:
+    return {"counts": [0] * len(HISTOGRAMS[hist][1]), "sum": 0.0, "count": 0}
+
+
+def merged(snapshots: list[dict], complete: bool = True) -> dict:
+    """Sum histograms and counters over processes (whatever their labels: group snapshots by their "labels" first for
+    one engine's); gauges: the value of the most recent writer that set it. Only the series this version exports are
+    merged (counters and gauges by `series_key`). complete: every histogram and every counter without labels of its
+    own is in the result, 0 where no process had it (for a reader of one name); else only the series some process
+    had (what the collector exports)."""
+    hists = {k: _empty(k) for k in HISTOGRAMS} if complete else {}
+    counters = {k: 0.0 for k in COUNTERS if k not in LABELS} if complete else {}
     gauges: dict[str, float] = {}
     for snap in sorted(snapshots, key=lambda s: s.get("time", 0)):  # valid ones (read_snapshots checked them)
         for k, h in snap.get("hists", {}).items():
-            if k in hists:
-                hists[k]["counts"] = [a + b for a, b in zip(hists[k]["counts"], h["counts"])]
-                hists[k]["sum"] += h["sum"]
-                hists[k]["count"] += h["count"]
+            if k in HISTOGRAMS:
+                acc = hists.setdefault(k, _empty(k))
+                acc["counts"] = [a + b for a, b in zip(acc["counts"], h["counts"], strict=True)]
+                acc["sum"] += h["sum"]
+                acc["count"] += h["count"]
         for k, v in snap.get("counters", {}).items():
-            counters[k] = counters.get(k, 0.0) + v
+            if known_key(k, COUNTERS):
+                counters[k] = counters.get(k, 0.0) + v
         for k, v in snap.get("gauges", {}).items():
-            if v:
+            if known_key(k, GAUGES):
                 gauges[k] = v
     return {"hists": hists, "counters": counters, "gauges": gauges}
