@@ -516,6 +516,22 @@ def step_cost_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> li
     return out + hand(notes, stem)
 
 
+def cross_lookup_section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
+    """benchmarks/cross_lookup_cost.py: the cross-request lookup index's host cost per engine step."""
+    m = d["meta"]
+    out = ["## Cross-request lookup: host cost per engine step at 128k live tokens", ""]
+    out += provenance_block(m.get("started", "?"), m["cpu"], m["command"],
+                            f"{m['requests']} live requests × {m['tokens']} tokens, one new token each per step, "
+                            f"lookup + indexing timed ({m['clock']} time of the thread), {m['steps']} steps; load "
+                            f"average at the start {m['loadavg_start'][0]}")
+    out += ["", "| capacity | live tokens | mean µs / step | p50 | p90 | p99 | max | µs per request-step |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        out.append(f"| {r['capacity']:,} | {r['live_tokens']:,} | {r['mean_us']:.0f} | {r['p50_us']:.0f} "
+                   f"| {r['p90_us']:.0f} | {r['p99_us']:.0f} | {r['max_us']:.0f} | {r['us_per_request_step']:.1f} |")
+    return out + hand(notes, stem)
+
+
 def md_section(stem: str, notes: dict[str, str]) -> list[str]:
     """A result whose script writes its own markdown table: that file's body (its first heading dropped), then
     the hand-written reading."""
@@ -537,7 +553,8 @@ def section(stem: str, d: dict[str, Any], notes: dict[str, str]) -> list[str]:
     if stem == "eval_humaneval164" or d.get("engine") in ("vllm", "reference"):
         return eval_section(stem, d, notes)
     renderers = {"kv_injection": kv_section, "draft_depth": depth_section, "profile_train_step": train_section,
-                 "train_throughput_xeon": throughput_section, "step_cost": step_cost_section}
+                 "train_throughput_xeon": throughput_section, "step_cost": step_cost_section,
+                 "cross_lookup_cost": cross_lookup_section}
     if stem in renderers:
         return renderers[stem](stem, d, notes)
     if stem in MD_SECTIONS:

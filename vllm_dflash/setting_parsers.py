@@ -137,15 +137,17 @@ def onednn_cache(raw: Any) -> int:
     raise ValueError
 
 
-def tokens_or_off(raw: Any) -> int:
-    """off / false / 0 -> 0; a whole number >= 0 (or its text) -> itself."""
-    if isinstance(raw, str) and raw.strip().lower() in FALSE:
-        return 0
-    if isinstance(raw, str) and raw.strip().lstrip("+").isdigit():
-        raw = int(raw)
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return raw
-    raise ValueError
+def tokens_or_off(limit: int) -> Callable[[Any], int]:
+    """A parser: off / false / 0 -> 0; a whole number 0 .. limit (or its text) -> itself."""
+    def parse(raw: Any) -> int:
+        if isinstance(raw, str) and raw.strip().lower() in FALSE:
+            return 0
+        if isinstance(raw, str) and raw.strip().lstrip("+").isdigit():
+            raw = int(raw)
+        if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= limit:
+            return raw
+        raise ValueError
+    return parse
 
 
 def dtype(raw: Any) -> str | None:

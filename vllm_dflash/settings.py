@@ -32,6 +32,7 @@ from vllm_dflash.config import DFlashConfigError
 ENV_PREFIX = "DFLASH_"
 DEPRECATED_ENV_PREFIX = "VLLM_DFLASH_"  # the alias table: old name = this prefix + the new name's suffix
 ADDITIONAL_CONFIG_KEY = "dflash"  # VllmConfig.additional_config[ADDITIONAL_CONFIG_KEY] holds DFlashSettings
+CROSS_LOOKUP_MAX = 1_000_000  # tokens: setting cross_lookup's bound (its index holds ~0.4 KB of host memory a token)
 
 
 # --------------------------------------------------------------------------- the tables
@@ -106,12 +107,17 @@ class DFlashSettings:
             "drafts that source again, which the planner no longer lets it do (docs/ADAPTIVE.md).",
         fix="use a number >= 0, e.g. 32 (0: off)")
     cross_lookup: int = _setting(
-        100_000, type="int", allowed="integer >= 0, or off", shown_default="100000", parse=parsers.tokens_or_off,
+        100_000, type="int", allowed="integer 0 .. 1000000, or off", shown_default="100000",
+        parse=parsers.tokens_or_off(CROSS_LOOKUP_MAX),
         doc="Adaptive drafting: where a request's own history has no prompt-lookup match, look up its suffix in "
-            "other requests' prompts and outputs (suffix-decoding style), an index of at most this many tokens, "
-            "emptied with vLLM's prefix cache (/reset_prefix_cache); 0 / off = the request's own history only. Used "
-            "where the drafter runs in the engine-core process (TP = 1, synchronous scheduling); else off, logged.",
-        fix="use a whole number of tokens, e.g. 100000, or off")
+            "other requests' prompts and outputs (suffix-decoding style), an index of at most this many tokens "
+            "(~0.4 KB of host memory each), emptied with vLLM's prefix cache (/reset_prefix_cache). Only within a "
+            "tenant: a request draws on requests with the same cache_salt and LoRA adapter (vLLM's prefix-cache "
+            "isolation), never on another tenant's text. Off: `\"cross_lookup\": 0` (or off), the request's own "
+            "history only. Used where the drafter runs in the engine-core process (TP = 1, synchronous "
+            "scheduling); else off, logged.",
+        fix=f"use a whole number of tokens up to {CROSS_LOOKUP_MAX} (~0.4 GB of host memory), e.g. 100000, or off "
+            "(0)")
     defer_injection: bool = _setting(
         True, type="bool", allowed="true, false", shown_default="true", parse=parsers.flag,
         doc="Adaptive drafting: the context K/V of steps that run no draft forward are injected later, all in one "
@@ -157,7 +163,8 @@ class ProcessSettings:
 
     cache: str | None = _setting(
         None, type="path", allowed="a folder", shown_default="~/.cache/vllm_dflash", parse=parsers.text_or_none,
-        spec_key=False, doc="Where prepared models and data sets live (`vllm-dflash prepare`, benchmarks, demo).",
+        spec_key=False,
+        doc="Where prepared models and data sets live (`vllm-dflash prepare-target`, benchmarks, demo).",
         fix="set it to a folder path")
     log_level: str = _setting(
         "INFO", type="str", allowed="DEBUG, INFO, WARNING, ERROR, CRITICAL", shown_default="INFO",

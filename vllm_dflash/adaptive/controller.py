@@ -27,18 +27,20 @@ forward (`StepPlan.encode` / `StepPlan.adopt`; integration/tp_plan.py `sync_plan
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
 from vllm_dflash.adaptive.acceptance import AcceptanceModel
+from vllm_dflash.adaptive.cross_lookup import ONE_TENANT, CrossRequestIndex
 from vllm_dflash.adaptive.guard import SURE_SPEEDUP, SpeculationGuard, batch_bucket, guard_for
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import plan_lengths, predicted_speedup, publish_plan
-from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
+from vllm_dflash.adaptive.sources import candidates, choose, gain_table, proposal_tokens
+from vllm_dflash.adaptive.sources import merge as merge  # re-exported
 from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel
 from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, lookup_slots, uses_block  # noqa: F401 (re-exported)
-from vllm_dflash.adaptive.cross_lookup import CrossRequestIndex
 from vllm_dflash.adaptive.trace import open_trace
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
@@ -65,6 +67,9 @@ class AdaptiveController:
         # setting cross_lookup: other requests' tokens, the lookup's fallback (adaptive/cross_lookup.py; None: off)
         self.cross = CrossRequestIndex(cross_lookup) if cross_lookup > 0 and mode != "dflash" else None
         self._from_cross: set[str] = set()  # requests whose lookup this step came from `cross`
+        # request id -> its tenant in `cross` (a request only draws on its own tenant's tokens; None: isolation
+        # unknown, no cross lookup for it). Unset: one tenant. The drafter keys by cache_salt and LoRA adapter
+        self.tenant_of: Callable[[str], Hashable | None] | None = None
         # setting reexplore_steps: a request's own record of a source halves every that many steps it verified none
         self.acceptance = AcceptanceModel(k_max, idle_decay=0.5 ** (1.0 / reexplore_steps) if reexplore_steps > 0
                                           else 1.0)
@@ -107,6 +112,7 @@ class AdaptiveController:
         self._row_s: float | None = None  # EMA of the injection's seconds per context row
         self._step_rows = 0  # query tokens (= context rows) of the step just verified
         self.trace = open_trace()  # DFLASH_TRACE: one record per step (adaptive/trace.py), else None
+        self._declare_metrics()
 
     @property
     def guard(self) -> SpeculationGuard:
@@ -273,14 +279,14 @@ class AdaptiveController:
             if k == 0:
                 self._pending.pop(rid, None)
                 out.append([])
-                self._count("proposals_none")
+                self._count("proposals", source="none")
                 continue
             toks = proposal_tokens(src, plan.lookups[i], block[i] if block is not None else None, self.k_max)[:k]
             self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, lookup_slots(src, plan.lookups[i], k),
                                           rid in self._from_cross)
             out.append([int(t) for t in toks])
-            self._count(f"proposals_{src}")
-            self._count(f"drafted_tokens_{src}", k)
+            self._count("proposals", source=src)
+            self._count("drafted_tokens", k, source=src)
         self._renew_leases(plan)
         publish_plan(self.metrics, plan.ks, self.cost, self.guard)
         return out
@@ -333,11 +339,13 @@ class AdaptiveController:
             if p is not None and k > 0:
                 a = max(0, min(a, k))
                 self._observe(rid, p, k, a)
-                self._count(f"proposals_{p.source}")
-                self._count(f"drafted_tokens_{p.source}", k)
-                self._count(f"accepted_tokens_{p.source}", a)
+                self._count("proposals", source=p.source)
+                self._count("drafted_tokens", k, source=p.source)
+                self._count("accepted_tokens", a, source=p.source)
 
     def finished(self, req_ids) -> None:
+        if self.cross is not None:
+            self.cross.finish(req_ids)
         for rid in req_ids:
             self._pending.pop(rid, None)
             self._from_cross.discard(rid)
@@ -354,13 +362,17 @@ class AdaptiveController:
         own = prompt_lookup(hist, self.k_max, self.ngram_min, self.ngram_max)
         if self.cross is None:
             return own
-        found = own if len(own) else self.cross.lookup(hist, self.k_max)
+        tenant = ONE_TENANT if self.tenant_of is None else self.tenant_of(req_id)
+        if tenant is None:  # its tenant is not known: neither drafted from others' tokens nor indexed
+            self._from_cross.discard(req_id)
+            return own
+        found = own if len(own) else self.cross.lookup(hist, self.k_max, tenant)
         if len(found) and found is not own:
             self._count("cross_lookups")
             self._from_cross.add(req_id)
         else:
             self._from_cross.discard(req_id)
-        self.cross.observe(req_id, hist)
+        self.cross.observe(req_id, hist, tenant)
         return found
 
     def _gain_table(self, req_ids: list[str], m: np.ndarray) -> dict[str, np.ndarray]:
@@ -383,7 +395,11 @@ class AdaptiveController:
 
 
     def _prune(self, req_ids: list[str]) -> None:
-        """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted)."""
+        """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted). Every
+        step, their cross-lookup documents are marked finished (evicted first: `CrossRequestIndex.finish`)."""
+        if self.cross is not None and self.cross.live:
+            batch = set(req_ids)
+            self.cross.finish([r for r in self.cross.live if r not in batch])
         if self._steps % 64 == 0:
             # every request with state here
             known = (set(self.acceptance.req) | self.acceptance.sampled | set(self._pending) | self._stale
@@ -403,7 +419,7 @@ class AdaptiveController:
             accepted = int(m if eq.all() else np.argmin(eq))
             accepted = min(accepted, len(hist) - p.start - 1)  # the last history token is the bonus, not a draft
             self._observe(rid, p, len(p.tokens), accepted)
-            self._count(f"accepted_tokens_{p.source}", accepted)
+            self._count("accepted_tokens", accepted, source=p.source)
             total += accepted
         return total
 
@@ -418,6 +434,21 @@ class AdaptiveController:
         else:
             self.acceptance.observe(rid, lookup if p.source == "ngram" else p.source, drafted, accepted)
 
-    def _count(self, name: str, n: float = 1.0) -> None:
+    def _count(self, name: str, n: float = 1.0, **labels: str) -> None:
         if self.metrics is not None:
-            self.metrics.inc(name, n)
+            self.metrics.inc(name, n, **labels)
+
+    def _declare_metrics(self) -> None:
+        """The series this controller counts, exported at 0 from the start (serve/metrics.py `MetricsSink.declare`):
+        the sources its mode can propose, cross lookups and context releases where they are on."""
+        if self.metrics is None:
+            return
+        self.metrics.declare("request_steps", "draft_tokens_per_request")
+        self.metrics.declare("proposals", source="none")
+        for src in dict.fromkeys(c[0] for c in candidates(self.mode, self.k_max)):
+            for name in ("proposals", "drafted_tokens", "accepted_tokens"):
+                self.metrics.declare(name, source=src)
+        if self.cross is not None:
+            self.metrics.declare("cross_lookups")
+        if self.lease_steps:
+            self.metrics.declare("context_released")

@@ -9,6 +9,7 @@ from vllm_dflash.integration.contract_types import Contract, Sig
 
 _ADAPTIVE_TEST = "tests/vllm/test_vllm_adaptive.py"
 _KV_TEST = "tests/vllm/test_kv_injection_vllm.py"
+_CROSS_TEST = "tests/vllm/test_vllm_cross_lookup.py"
 
 DRAFTER_CONTRACTS: tuple[Contract, ...] = (
     Contract(
@@ -167,4 +168,47 @@ ADAPTIVE_CONTRACTS: tuple[Contract, ...] = (
         "the scheduler's view of a request's committed tokens", attrs=("request_id", "spec_token_ids",
                                                                        "is_prefill_chunk", "num_tokens",
                                                                        "all_token_ids"), test=_ADAPTIVE_TEST),
+    # cross-request lookup's tenant (cache_salt, LoRA adapter): adaptive/cross_lookup.py, drafting/adaptive.py
+    Contract(
+        "vllm.v1.core.sched.scheduler:Scheduler.add_request", "method", "integration/patches/cross_lookup_salt.py",
+        "wrapped: sets `request.cache_salt` (None when empty) on `request.sampling_params` as the attribute "
+        "`_vllm_dflash_cache_salt`, for an engine with our drafter (the scheduler's `vllm_config`)",
+        "called in the engine core for each new request (and each streaming-input chunk) before it is scheduled, "
+        "also by `AsyncScheduler` (inherited)",
+        params=("request",), exact=True, attrs=("vllm_config",), patch="cross_lookup_salt", test=_CROSS_TEST),
+    Contract(
+        "vllm.v1.request:Request", "class", "integration/patches/cross_lookup_salt.py",
+        "`cache_salt`, `sampling_params`, `lora_request` of each new request",
+        "`cache_salt` is the tenant key of vLLM's prefix cache (in the first block's hash); not sent to the worker",
+        attrs=("cache_salt", "sampling_params", "lora_request"), test=_CROSS_TEST),
+    Contract(
+        "vllm.sampling_params:SamplingParams", "class", "integration/patches/cross_lookup_salt.py",
+        "carries the salt attribute from the scheduler to the runner's request state",
+        "a msgspec Struct with `dict=True`: an instance takes attributes that are not fields (never serialised)",
+        source=("dict=True",), test=_CROSS_TEST),
+    Contract(
+        "vllm.v1.core.sched.output:NewRequestData.from_request", "method", "integration/drafting/adaptive.py",
+        "`_tenant` reads the salt from the request's SamplingParams in the runner",
+        "hands the runner the scheduler's own `Request.sampling_params` and `lora_request` objects (the `uni` "
+        "executor calls the worker in the engine-core process: no copy)",
+        source=("sampling_params=request.sampling_params", "lora_request=request.lora_request"), test=_CROSS_TEST),
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states", "method", "integration/drafting/adaptive.py",
+        "`_tenant`: `runner.requests[req_id].sampling_params` (the salt attribute) and `.lora_request`",
+        "each new request's `CachedRequestState` keeps `new_req_data.sampling_params` and `.lora_request` as they "
+        "are; `requests` holds every request of the batch until it finishes",
+        source=("sampling_params = new_req_data.sampling_params", "lora_request=new_req_data.lora_request"),
+        attrs=("requests",), test=_CROSS_TEST),
+    Contract(
+        "vllm.v1.worker.gpu_input_batch:CachedRequestState", "class", "integration/drafting/adaptive.py",
+        "`sampling_params`, `lora_request` (`lora_name`, `lora_path`) of a request in the batch",
+        "the runner's per-request state", attrs=("sampling_params", "lora_request"), test=_CROSS_TEST),
+    Contract(
+        "vllm.v1.core.kv_cache_utils", "module", "integration/drafting/adaptive.py",
+        "the tenant of cross-request lookup mirrors what vLLM's prefix cache keeps apart: cache_salt and the LoRA "
+        "adapter's (name, path)",
+        "a block's hash includes the request's cache_salt (first block; `generate_block_hash_extra_keys`) and its "
+        "adapter's (lora_name, lora_path) (`_gen_lora_extra_hash_keys`)",
+        source=('("cache_salt", request.cache_salt)', "lora_request.lora_name, lora_request.lora_path"),
+        scope="tests", test=_CROSS_TEST),
 )

@@ -17,12 +17,14 @@ import numpy as np
 from vllm.logger import init_logger
 
 from vllm_dflash.adaptive.controller import AdaptiveController
+from vllm_dflash.adaptive.cross_lookup import SALT_ATTR
 from vllm_dflash.integration.drafting.block_sampling import hand_off_probs
 from vllm_dflash.integration.drafting.hints import hint_tokens, write_hints
 from vllm_dflash.integration.drafting.plan import DraftPlan, decode_rows
 from vllm_dflash.integration.tp_plan import sync_plan_across_tp
 
 logger = init_logger(__name__)
+_MISSING = object()  # a request whose cache_salt the scheduler did not hand over
 
 
 def cross_lookup_tokens(vllm_config, tokens: int) -> int:
@@ -57,10 +59,13 @@ class AdaptiveDrafting:
                                              guard_threshold=s.guard_threshold, guard_margin=s.guard_margin,
                                              guard_confirm=s.guard_confirm, reexplore_steps=s.reexplore_steps,
                                              cross_lookup=cross_lookup_tokens(d.vllm_config, s.cross_lookup))
+        self.controller.tenant_of = self._tenant  # cross-request lookup never crosses tenants
         # TP > 1: a rank may adopt rank 0's plan where its own guard was off, so it keeps its lookups every step
         self.controller.skip_when_off = d._tp is None
         # the draft forward runs over the requests that use its tokens only (block_rows.py): it costs per such row
         self.controller.block_rows_only = d._deferred is not None and d.diffusion_steps == 1
+        if d._deferred is not None and not d._keep_context:  # where a plan can drop a step's context rows
+            d.metrics.declare("context_dropped_steps")
         self._plan_diverged = False  # logged once per process
 
     def load_model(self, target_model) -> None:
@@ -120,6 +125,19 @@ class AdaptiveDrafting:
         argmaxes (one-hot q); sampled requests' q is handed over by `hand_off_probs` once the proposals are built."""
         drafts = step.draft(select, spans)
         return drafts.cpu().numpy()[list(rows)]
+
+    def _tenant(self, req_id: str) -> tuple | None:
+        """The request's tenant for cross-request lookup: (cache_salt, LoRA adapter), what vLLM's prefix cache keeps
+        apart (its block hashes include both; the model is the engine's: one index per engine). cache_salt is not
+        sent to the worker: the scheduler's patch (patches/cross_lookup_salt.py) copies it onto the request's
+        SamplingParams, which the runner's request state shares in this process (the `uni` executor). None where it
+        is missing (no cross lookup for the request)."""
+        state = self.drafter._runner.requests.get(req_id)
+        salt = getattr(state.sampling_params, SALT_ATTR, _MISSING) if state is not None else _MISSING
+        if salt is _MISSING:
+            return None
+        lora = state.lora_request
+        return salt, (None if lora is None else (lora.lora_name, lora.lora_path))
 
     def _sampled(self, rows) -> list[bool]:
         """Per batch row: does its request sample (temperature > 0; the runner stores 0 for greedy requests)?"""
