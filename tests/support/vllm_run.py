@@ -4,8 +4,10 @@
 Usage: python tests/support/vllm_run.py RUNS.json (or an inline JSON list). A run: model, prompts (token-id lists or
 strings), max_tokens, optional speculative_config, env (set before the LLM is built), sampling
 overrides (sampling_list: one dict per prompt), llm_kwargs, lora (an adapter folder every request uses; lora_list: one
-flag per prompt, which requests use it), expect_error (the LLM build must fail; its error is returned), generate_error
-(an error in generate is returned, not raised), patch (code run before the LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries are returned).
+flag per prompt, which requests use it), salt_list (one cache_salt per token-id prompt, None: unsalted), expect_error
+(the LLM build must fail; its error is returned), generate_error (an error in generate is returned, not raised), patch
+(code run before the LLM is built), after (code run after the generations with `llm` and a `probe` dict whose entries
+are returned).
 vLLM's import costs ~15 s on 2 cores, so the tests put every configuration of a file into one process."""
 import gc
 import json
@@ -40,6 +42,9 @@ def run_one(spec: dict) -> dict:
     sp_args = dict(temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=spec.get("ignore_eos", True))
     sp_args.update(spec.get("sampling", {}))
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in spec["prompts"]]
+    if spec.get("salt_list") is not None:  # per prompt: its cache_salt (None: unsalted); token-id prompts only
+        prompts = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"], **({} if s is None else {"cache_salt": s}))
+                   for p, s in zip(prompts, spec["salt_list"], strict=True)]
     if spec.get("sampling_list") is not None:  # per prompt: overrides of the sampling (mixed batches)
         seed = spec.get("per_prompt_seed")
         sps = [SamplingParams(**{**sp_args, **o}, **({} if seed is None else {"seed": seed + i}))

@@ -2,15 +2,15 @@
 """The walls: installing vllm_dflash changes nothing in an engine that did not ask for our DFlash drafter (issue 52).
 
 Every probe runs in a fresh process (the plugin's state is per process): vLLM's own plugin loading, then engine
-configs built as `LLM(...)` / `vllm serve` build them."""
+configs built as `LLM(...)` / `vllm serve` build them. Engines that generate (bit-identical to stock vLLM, before and
+after an engine with our drafter in the same process): tests/vllm/test_walls_one_process.py."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-
-from support.vllm_helpers import BASE_ENV, run_vllm
+from support.vllm_helpers import BASE_ENV
 
 pytestmark = pytest.mark.vllm
 
@@ -37,7 +37,8 @@ out = {}
 build = lambda spec: EngineArgs(model=sys.argv[1], dtype="float32", max_model_len=256,
                                 speculative_config=spec).create_engine_config()
 out["none"] = state(build(None))
-out["ngram"] = state(build({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}))
+ngram = build({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+out["ngram"] = state(ngram)
 # an EAGLE-style engine (its config as the runner sees it; an EAGLE checkpoint is not needed for the decision)
 out["eagle"] = state(NS(speculative_config=NS(method="eagle3"), additional_config=None))
 out["vllm_dflash_drafter"] = state(NS(speculative_config=NS(method="dflash"),
@@ -45,7 +46,32 @@ out["vllm_dflash_drafter"] = state(NS(speculative_config=NS(method="dflash"),
 if len(sys.argv) > 2:  # the bad values would (rightly) stop a DFlash engine: cleared first
     for k in [k for k in os.environ if k.startswith("DFLASH_") and k != "DFLASH_VLLM_EXTRAS"]:
         del os.environ[k]
-    out["dflash"] = state(build({"method": "dflash", "model": sys.argv[2]}))
+    dflash = build({"method": "dflash", "model": sys.argv[2]})
+    out["dflash"] = state(dflash)
+    # the marker in the environment of the engine core process each engine starts (vLLM's own process manager; the
+    # engine core's body replaced by a report of what it inherited; forked, not spawned as vLLM does on CPU: the same
+    # environment, without a second vLLM import)
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    import tempfile
+    from vllm.v1.engine.core import EngineCoreProc
+    from vllm.v1.engine.utils import CoreEngineProcManager
+    from vllm.v1.executor.abstract import Executor
+    seen = tempfile.mkdtemp()
+
+    def report(*args, **kwargs):
+        with open(os.path.join(seen, str(os.getpid())), "w") as f:
+            f.write(json.dumps(os.environ.get("DFLASH_PLUGIN_ACTIVE")))
+
+    EngineCoreProc.run_engine_core = staticmethod(report)
+    out["engine_core_marker"] = {}
+    for name, cfg in (("dflash", dflash), ("ngram", ngram)):
+        m = CoreEngineProcManager(local_engine_count=1, start_index=0, local_start_index=0, vllm_config=cfg,
+                                  local_client=True, handshake_address="ipc:///tmp/unused", log_stats=False,
+                                  executor_class=Executor.get_class(cfg))
+        m.processes[0].join(60)
+        with open(os.path.join(seen, str(m.processes[0].pid))) as f:
+            out["engine_core_marker"][name] = json.load(f)
+    out["marker_after"] = os.environ.get("DFLASH_PLUGIN_ACTIVE")
 print("PROBE " + json.dumps(out))
 """
 
@@ -66,7 +92,8 @@ def test_no_patch_without_dflash_then_all_with_it():
     never ran (no patch even installed), no collector is registered, no DFLASH_* variable is set, even with bad
     DFLASH_* values in the environment (warned about, never fatal), and the plugin logs one line saying it is
     inactive. Then a config for our drafter in the same process applies every patch, registers the collector and
-    sets the metrics folder (and the marker its engine processes inherit)."""
+    sets the metrics folder. The process marker reaches the engine core process our engine starts, and no other: not
+    the front end after that start, not the engine core of an n-gram engine started later by the same process."""
     bad = {"DFLASH_ADAPTIVE": "bogus", "DFLASH_CPU_GEMM_F32": "bogus", "DFLASH_OVERLAP": "bogus",
            "DFLASH_LOG_LEVEL": "bogus", "DFLASH_VLLM_EXTRAS": "bogus"}
     out, log = _probe(bad, dflash=True)
@@ -78,8 +105,9 @@ def test_no_patch_without_dflash_then_all_with_it():
     from vllm_dflash.integration.patches import PATCHES
 
     assert d["applied"] and d["collector"] and d["applies"] == [p.name for p in PATCHES], d
-    assert d["env"] == ["DFLASH_METRICS_DIR", "DFLASH_PLUGIN_ACTIVE"], d
+    assert d["env"] == ["DFLASH_METRICS_DIR"], d
     assert "vllm_dflash: DFlash engine (our drafter): patches active: generator_rewind, drafter_class" in log
+    assert out["engine_core_marker"] == {"dflash": "1", "ngram": None} and out["marker_after"] is None, out
 
 
 @pytest.mark.parametrize("level", ["fixes", "all"])
@@ -96,30 +124,3 @@ def test_opt_in_applies_the_patches_to_every_engine(level):
         assert out[name]["applies"] == want and out[name]["applied"], (name, out[name])
         assert not out[name]["collector"] and out[name]["env"] == [], out[name]
     assert f"DFLASH_VLLM_EXTRAS={level}: patches active: {', '.join(want)}" in log
-
-
-_STATE_AFTER = """
-import os, prometheus_client
-from vllm_dflash.integration import patches
-probe['families'] = sorted({m.name for m in prometheus_client.REGISTRY.collect() if m.name.startswith('vllm_dflash')})
-probe['env'] = sorted(k for k, v in os.environ.items() if k.startswith('DFLASH_') and v)
-probe['applied'] = patches._APPLIED
-"""
-
-
-def test_engines_without_dflash_are_stock_vllm(pair):
-    """Offline LLM, float32, greedy with top-5 logprobs, no speculation and n-gram: with the plugin installed the token
-    ids and logprobs are bit-identical to a run with the plugin excluded (VLLM_PLUGINS=""), no vllm_dflash
-    Prometheus family exists and no DFLASH_* variable is set in that process, and no patch was even applied."""
-    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8, [3, 17, 42, 8, 99, 5, 61, 7, 12, 250]]
-    base = {"model": str(pair / "target"), "prompts": prompts, "max_tokens": 24, "sampling": {"logprobs": 5}}
-    ngram = {**base, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-                                            "prompt_lookup_max": 3}}
-    clean = {k: "" for k in os.environ if k.startswith(("DFLASH_", "VLLM_DFLASH_"))}
-    ours = run_vllm([{**base, "after": _STATE_AFTER}, {**ngram, "after": _STATE_AFTER}], env=clean)
-    stock = run_vllm([base, ngram], env={**clean, "VLLM_PLUGINS": ""})
-    assert ours[1]["first_counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0  # n-gram did propose
-    for o, s in zip(ours, stock):
-        assert o["tokens"] == s["tokens"]
-        assert o["logprobs"] == s["logprobs"]
-        assert o["probe"] == {"families": [], "env": [], "applied": False}, o["probe"]

@@ -105,6 +105,21 @@ CONTRACTS: tuple[Contract, ...] = (
         attrs=("speculative_config", "additional_config"), patch="speculative_config",
         test="tests/vllm/test_settings_vllm.py, tests/vllm/test_vllm_validation.py"),
     Contract(
+        "vllm.v1.engine.utils:CoreEngineProcManager.__init__", "method", "integration/patches/speculative_config.py",
+        "wrapped: for an engine with our drafter, `DFLASH_PLUGIN_ACTIVE=1` in this process's environment while it "
+        "starts the engine-core processes, the previous value restored after",
+        "starts every engine-core process of one engine (its `vllm_config`) before returning; each inherits the "
+        "environment of that moment",
+        params=("local_engine_count", "start_index", "local_start_index", "vllm_config", "local_client",
+                "handshake_address", "executor_class", "log_stats", "client_handshake_address", "tensor_queue"),
+        test="tests/vllm/test_walls.py"),
+    Contract(
+        "vllm.v1.engine.core:EngineCore.__init__", "method", "integration/patches/speculative_config.py",
+        "wrapped as `CoreEngineProcManager.__init__`, for an engine core run in this process",
+        "builds the engine's executor (which starts its workers) from `vllm_config` before returning",
+        params=("vllm_config", "executor_class", "log_stats", "executor_fail_callback", "include_finished_set"),
+        test="tests/vllm/test_walls_one_process.py"),
+    Contract(
         "vllm.engine.arg_utils:EngineArgs.create_engine_config", "method", "integration/patches/speculative_config.py",
         "calls the patched `create_speculative_config`", "...then passes `self.additional_config` to `VllmConfig`",
         source=("self.create_speculative_config(", "additional_config=self.additional_config"),
@@ -303,7 +318,7 @@ CONTRACTS: tuple[Contract, ...] = (
         "vllm.platforms.cpu:CpuPlatform.register_triton_kernel_overrides", "method", "integration/patches/"
         "cpu_expand_kernel.py", "reads `cpu_triton_utils._expand_kernel_impl` (our replacement)",
         "it scans `sys.modules` when the worker initialises (it breaks once numba/llvmlite is imported, so "
-        "`vllm-dflash eval --ngram` runs the n-gram engine last)",
+        "`vllm-dflash eval --engine vllm --ngram K` runs the n-gram engine last)",
         params=(), source=("_expand_kernel_impl",), test="tests/vllm/test_vllm_sampling.py"),
     Contract(
         "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats", "method", "integration/patches/"

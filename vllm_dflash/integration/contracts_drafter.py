@@ -84,8 +84,9 @@ DRAFTER_CONTRACTS: tuple[Contract, ...] = (
         source=('"d2t"',), test="tests/vllm/test_vllm_upstream_compat.py"),
     Contract(
         "vllm:ModelRegistry.register_model", "method", "integration/patches/__init__.py",
-        "`register_model(\"DFlashDraftModel\", \"vllm_dflash.integration.vllm_model:DFlashDraftForVllm\")`",
-        "maps the architecture name to a `module:Class` string, loaded lazily",
+        "`register_model(\"DFlashDraftModel\", \"vllm_dflash.integration.vllm_model:DFlashDraftForVllm\")`; "
+        "`DFlashDraftForVllm.__new__` builds vLLM's own `DFlashQwen3ForCausalLM` for an engine without our drafter",
+        "maps the architecture name to a `module:Class` string, loaded lazily, process-wide",
         params=("model_arch", "model_cls"), test="tests/vllm/test_vllm_package.py"),
     Contract(
         "vllm.transformers_utils.configs.eagle:EAGLEConfig", "class", "integration/proposer.py, vllm_dflash/config.py",

@@ -70,14 +70,16 @@ FIX_CONTRACTS: tuple[Contract, ...] = (
     Contract(
         "vllm.lora.punica_wrapper.punica_cpu:PunicaWrapperCPU", "class",
         "integration/patches/lora_prompt_logprobs.py, integration/patches/cpu_lora_no_adapter.py",
-        "`__init__` wrapped (records whether the engine being loaded gets our fixes); `_sampler_indices[:n]` and "
+        "`__init__` wrapped (records whether the engine being loaded gets our fixes; its `add_*` / "
+        "`apply_lora_full_linear` calls then pick the kernels for that engine); `_sampler_indices[:n]` and "
         "`indices_len[1]` set to `token_lora_indices` of the prompt rows, then restored",
         "built while vLLM loads the model (its config current); `add_lora_logits` maps logits rows to adapters by "
         "`sampler_indices` (`_sampler_indices[:indices_len[1]]`, a buffer of max_num_batched_tokens); "
         "`token_lora_indices` holds the step's adapter slot per token, same encoding (-1: none); the module imports "
         "the torch_ops kernels by name",
         methods=(Sig("__init__", ("max_num_batched_tokens", "max_batches", "device")),),
-        attrs=("_sampler_indices", "indices_len", "token_lora_indices", "sampler_indices", "add_lora_logits"),
+        attrs=("_sampler_indices", "indices_len", "token_lora_indices", "sampler_indices", "add_shrink", "add_expand",
+               "add_lora_embedding", "add_lora_linear", "add_lora_logits", "apply_lora_full_linear"),
         source=("from vllm.lora.ops.torch_ops import",), patch="cpu_lora_no_adapter",
         test="tests/vllm/test_vllm_lora.py::test_prompt_logprobs_with_lora_in_a_batch"),
     Contract(

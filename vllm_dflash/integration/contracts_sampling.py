@@ -4,7 +4,7 @@ sampled paths, which integration/greedy_verify.py and integration/sampled_verify
 the sampling metadata they read and the CPU expand kernel. Part of `CONTRACTS` (integration/contracts.py), in place."""
 from __future__ import annotations
 
-from vllm_dflash.integration.contract_types import Contract
+from vllm_dflash.integration.contract_types import Contract, Sig
 
 SAMPLING_CONTRACTS: tuple[Contract, ...] = (
     Contract(
@@ -96,10 +96,20 @@ SAMPLING_CONTRACTS: tuple[Contract, ...] = (
     Contract(
         "vllm.utils.cpu_triton_utils:_expand_kernel_impl", "function", "integration/patches/cpu_expand_kernel.py, "
         "integration/cpu_sampling.py",
-        "replaced with `cpu_sampling.expand_kernel_impl`",
+        "replaced with a per-call switch: `cpu_sampling.expand_kernel_impl` inside the rejection sampler of an "
+        "engine the fix acts for, vLLM's own kernel anywhere else",
         "`CpuPlatform.register_triton_kernel_overrides` reads this attribute when the worker initialises (after "
-        "general plugins load) and binds it to `vllm.v1.sample.rejection_sampler.expand_kernel`",
+        "general plugins load) and binds it to `vllm.v1.sample.rejection_sampler.expand_kernel`, once per process",
         params=("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS"), exact=True,
         patch="cpu_expand_kernel",
         test="tests/vllm/test_seam.py::test_expand_kernel_patch_still_needed, tests/vllm/test_vllm_sampling.py"),
+    Contract(
+        "vllm.v1.sample.rejection_sampler:RejectionSampler", "class", "integration/patches/cpu_expand_kernel.py",
+        "`__init__` wrapped (records whether its engine gets the expand-kernel fix), `forward` wrapped (the kernel "
+        "acts as in that engine for the duration of the call)",
+        "built by the model runner while the engine's config is current; every expand-kernel launch of a "
+        "verification happens inside `forward`",
+        methods=(Sig("__init__", ("sampler", "spec_config", "device")),
+                 Sig("forward", ("metadata", "draft_probs", "logits", "sampling_metadata"), exact=True)),
+        test="tests/vllm/test_walls_one_process.py"),
 )

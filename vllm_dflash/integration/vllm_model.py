@@ -4,17 +4,21 @@
 It reuses vLLM's DFlash layers (paged-KV attention, weight loading, TP sharding) by subclassing
 `DFlashQwen3ForCausalLM` -- the V1 proposer asserts that class -- and replaces what runs on our hot
 path: KV injection through `vllm_dflash.ops.inject_context_kv_to_cache` (the csrc/ fused kernel: one GEMM
-for all layers, then norm + RoPE + paged-cache write in one pass) and confidence-aware greedy drafting over a reduced vocabulary
-(argmax over the draft vocabulary then the d2t map, instead of scattering into a full-vocab -inf
-tensor). With the setting drafter=vllm it behaves exactly like the upstream class. The setting kv_injection
-(auto | fused | reference) picks the injection path for this engine (vllm_config.additional_config["dflash"]).
+for all layers, then norm + RoPE + paged-cache write in one pass) and confidence-aware greedy drafting over a reduced
+vocabulary (argmax over the draft vocabulary then the d2t map, instead of scattering into a full-vocab -inf
+tensor). The setting kv_injection (auto | fused | reference) picks the injection path for this engine
+(vllm_config.additional_config["dflash"]).
+
+The registry entry is process-wide (once a DFlash engine applied the patches, every engine of the process resolves the
+architecture to this class), so building the class is per engine: an engine without our drafter (vLLM's own DFlash
+drafter, setting drafter=vllm) gets an instance of vLLM's `DFlashQwen3ForCausalLM` itself (`__new__`), as with the
+plugin excluded.
 """
 from __future__ import annotations
 
 import torch
-from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
-
 from vllm.logger import init_logger
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from vllm_dflash.ops._ext import kv_injection_mode
 from vllm_dflash.ops.kv_injection import (CPU_VEC_LAYOUT, CUDA_LAYOUT, KVInjectionWeights, inject_context_kv,
@@ -42,6 +46,14 @@ def _in_rope_range(positions: torch.Tensor, slots, rows: int):
 
 
 class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
+    def __new__(cls, *, vllm_config, prefix: str = ""):
+        from vllm_dflash.integration.patches.base import dflash_engine
+
+        if cls is DFlashDraftForVllm and not dflash_engine(vllm_config):
+            # not an instance of cls: Python skips our __init__; vLLM's class builds itself
+            return DFlashQwen3ForCausalLM(vllm_config=vllm_config, prefix=prefix)
+        return super().__new__(cls)
+
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         from vllm_dflash.settings import from_vllm_config
@@ -117,8 +129,9 @@ class DFlashDraftForVllm(DFlashQwen3ForCausalLM):
         per_layer = isinstance(context_slot_mapping, (list, tuple))
         slots = context_slot_mapping
         if per_layer:
-            same = context_slot_mapping[0] is not None and all(s is context_slot_mapping[0] for s in context_slot_mapping)
-            slots = context_slot_mapping[0] if same else None
+            first = context_slot_mapping[0]
+            same = first is not None and all(s is first for s in context_slot_mapping)
+            slots = first if same else None
         layout = self.cache_layout() if slots is not None else None
 
         def write(i: int, k: torch.Tensor, v: torch.Tensor) -> None:  # the backend's own cache write

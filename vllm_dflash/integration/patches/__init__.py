@@ -4,14 +4,17 @@ go, and who it acts for), collected here in the order they are applied.
 
 The walls: installing the plugin changes nothing in an engine that did not ask for our DFlash drafter.
 - `register_plugin()` runs from the plugin entry point in every vLLM process. It only hooks
-  `EngineArgs.create_speculative_config` (the front end; cheap) and applies the patches when this process serves a
-  DFlash engine already (the marker ACTIVE_ENV, set by the front end that configured it, inherited by its engine
-  core and workers) or the opt-in DFLASH_VLLM_EXTRAS is on.
+  `EngineArgs.create_speculative_config` (the front end; cheap) and applies the patches when this process belongs to
+  a DFlash engine already (the marker ACTIVE_ENV in the environment it started with: set by the front end only
+  while that engine starts its engine core and workers, speculative_config.py) or the opt-in DFLASH_VLLM_EXTRAS is
+  on.
 - The front-end hook, on a speculative config with `method: "dflash"` and our drafter, calls `apply_patches()`:
   the seam check (integration/seam.py: the vLLM version and every symbol, signature and attribute the plugin relies
   on), then every patch, our draft model's registry entry; then the metrics collector and folder.
 - Every patch acts per engine (`Patch.applies`, base.py): in an engine with our drafter, or under the opt-in (fixes:
-  the bug fixes, all: the CPU speed-ups too). Anything else calls vLLM's own code.
+  the bug fixes, all: the CPU speed-ups too). Anything else calls vLLM's own code, also in a process where an
+  engine with our drafter applied them (tests/vllm/test_walls_one_process.py). The registry entry too: our class
+  builds vLLM's own `DFlashQwen3ForCausalLM` for an engine without our drafter (vllm_model.py).
 On a seam mismatch no patch is applied, one warning is logged, and only configuring DFlash fails
 (UnsupportedVLLMError naming the problems and the fix): vLLM without DFlash keeps working.
 """
@@ -23,9 +26,9 @@ from vllm_dflash import settings
 from vllm_dflash.integration.patches import (aot_compile_load, async_scheduling, cpu_expand_kernel, cpu_gemv,
                                              cpu_greedy_verify, cpu_lora_no_adapter, cpu_omp_threads,
                                              cpu_onednn_cache, cpu_plain_sample, cpu_sampled_verify, cpu_uniproc,
-                                             drafter_class, engine_config, generator_rewind, lora_prompt_logprobs,
-                                             observe_draft, prefix_cache_reset, profile_forward,
-                                             prometheus_registry, ray_cpu, speculative_config)
+                                             cross_lookup_salt, drafter_class, engine_config, generator_rewind,
+                                             lora_prompt_logprobs, observe_draft, prefix_cache_reset,
+                                             profile_forward, prometheus_registry, ray_cpu, speculative_config)
 from vllm_dflash.integration.patches.base import Patch, UnsupportedVLLMError, extras
 from vllm_dflash.integration.patches.async_scheduling import overlap_wanted, use_adaptive_scheduler  # noqa: F401
 from vllm_dflash.integration.patches.speculative_config import keep_prefix_block  # noqa: F401
@@ -36,7 +39,7 @@ logger = get_logger(__name__)
 
 # cpu_uniproc after async_scheduling: it wraps the same CPU platform hook and reads the final async decision
 PATCHES: list[Patch] = [m.PATCH for m in (generator_rewind, drafter_class, speculative_config, observe_draft,
-                                          prefix_cache_reset,
+                                          prefix_cache_reset, cross_lookup_salt,
                                           cpu_expand_kernel, async_scheduling, cpu_uniproc, engine_config, ray_cpu,
                                           cpu_onednn_cache, cpu_gemv, cpu_omp_threads, cpu_plain_sample,
                                           cpu_greedy_verify, cpu_sampled_verify, lora_prompt_logprobs,
@@ -45,7 +48,8 @@ PATCHES: list[Patch] = [m.PATCH for m in (generator_rewind, drafter_class, specu
 
 
 _APPLIED = False
-ACTIVE_ENV = "DFLASH_PLUGIN_ACTIVE"  # "1": this process belongs to an engine with our drafter (set by its front end)
+# "1": this process belongs to an engine with our drafter (set by its front end while it starts the engine's processes)
+ACTIVE_ENV = "DFLASH_PLUGIN_ACTIVE"
 
 
 def register_plugin() -> None:
@@ -86,7 +90,8 @@ def apply_patches() -> None:
             from vllm import ModelRegistry
 
             # Our draft model class for the published architecture name (EAGLEConfig keeps names starting
-            # with "DFlash"); vLLM's registry maps the name to a "module:Class" string, loaded lazily.
+            # with "DFlash"); vLLM's registry maps the name to a "module:Class" string, loaded lazily. For the
+            # whole process: the class builds vLLM's own DFlashQwen3ForCausalLM for an engine without our drafter.
             ModelRegistry.register_model("DFlashDraftModel", "vllm_dflash.integration.vllm_model:DFlashDraftForVllm")
             return
         except Exception as e:  # noqa: BLE001 - the plugin must not break vLLM without DFlash

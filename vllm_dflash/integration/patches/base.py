@@ -3,8 +3,8 @@
 the test every wrapper asks first: is this engine configured for our DFlash drafter?"""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

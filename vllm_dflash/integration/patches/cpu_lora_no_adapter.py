@@ -14,16 +14,23 @@ The fix: the rows whose index is -1 enter each kernel as zeros, so their LoRA de
 adds 0; the slice and embedding paths likewise). One multiply per LoRA kernel call, branch-free (traced by
 torch.compile like the kernel itself).
 
-It acts per engine: the punica wrapper is built while vLLM loads the model (its config current), and records
-whether a fix acts there; the kernels are module functions, so the last wrapper built in a process decides for the
-process (one engine per worker process; in-process engines run one at a time).
+It acts per engine: each punica wrapper (one per engine) is built while vLLM loads the model (its config current)
+and records whether the fix acts there; the kernels are module functions, so each of the wrapper's methods that
+reach them says, for the duration of the call, whose kernels run (in-process engines of one process run their steps
+one at a time, on one thread).
 """
 from __future__ import annotations
+
+import functools
 
 from vllm_dflash.integration.patches.base import Patch, current_acts
 
 KERNELS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
-_ACTIVE = {"on": False}  # does the engine of the last punica wrapper built in this process want the fix?
+# PunicaWrapperCPU's methods that LoRA layers call, each reaching the kernels only through itself
+ENTRIES = ("add_shrink", "add_expand", "add_lora_embedding", "add_lora_linear", "add_lora_logits",
+           "apply_lora_full_linear")
+ATTR = "_vllm_dflash_no_adapter_fix"  # on a PunicaWrapperCPU: does its engine get the fix?
+_CALL = {"on": False}  # during an ENTRIES call: does the calling wrapper's engine get the fix?
 
 
 def no_adapter_rows_zeroed(inputs, lora_indices):
@@ -34,7 +41,7 @@ def no_adapter_rows_zeroed(inputs, lora_indices):
 
 def _wrap(kernel):
     def wrapped(inputs, lora_b_weights, output_tensor, lora_indices_tensor, *args, **kwargs):
-        if _ACTIVE["on"]:
+        if _CALL["on"]:
             inputs = no_adapter_rows_zeroed(inputs, lora_indices_tensor)
         return kernel(inputs, lora_b_weights, output_tensor, lora_indices_tensor, *args, **kwargs)
 
@@ -63,17 +70,36 @@ def apply() -> None:
 
     def __init__(self, *args, **kwargs):
         orig_init(self, *args, **kwargs)
-        _ACTIVE["on"] = current_acts("fix")
+        setattr(self, ATTR, current_acts("fix"))
 
     __init__._vllm_dflash_patched = True
     cls.__init__ = __init__
+    for name in ENTRIES:
+        setattr(cls, name, _entry(getattr(cls, name)))
+
+
+def _entry(method):
+    """`method` of PunicaWrapperCPU with the kernels set, for the call, to its wrapper's engine (plain Python: a
+    compiled model traces it, each engine's model with its own wrapper)."""
+    @functools.wraps(method)
+    def entry(self, *args, **kwargs):
+        before = _CALL["on"]
+        _CALL["on"] = getattr(self, ATTR, False)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _CALL["on"] = before
+
+    return entry
 
 
 PATCH = Patch(
-    symbol="vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU (and vllm.lora.ops.torch_ops.bgmv_*)",
+    symbol="vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU (__init__ and its add_* / apply_* methods wrapped; "
+           "vllm.lora.ops.torch_ops.bgmv_* replaced)",
     why="On CPU, vLLM's LoRA kernels index adapter weights with the row's slot index, and 'no adapter' (-1) picks the "
         "last slot: with every slot in use (max_loras=1 after one adapter request), base-model requests batched "
-        "with adapter requests run through the adapter. Rows marked -1 enter the kernels as zeros.",
+        "with adapter requests run through the adapter. Rows marked -1 enter the kernels as zeros, in the calls of "
+        "a punica wrapper whose engine gets the fix (each wrapper records it when built).",
     removal="when vLLM's CPU LoRA kernels skip index -1; check with "
             "tests/vllm/test_vllm_lora.py::test_stock_vllm_applies_the_adapter_to_base_requests",
     apply=apply,

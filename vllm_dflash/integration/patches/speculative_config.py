@@ -1,10 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patch: the front end's hook. A speculative config for our DFlash drafter applies the plugin (seam check, patches,
-metrics) in this process and marks the engine's processes; our speculative-config keys become validated settings in
-vLLM's additional_config; the draft is validated against the target before any engine process starts. Every other
-configuration passes through untouched (one log line per process says the plugin is inactive)."""
+metrics) in this process; our speculative-config keys become validated settings in vLLM's additional_config; the draft
+is validated against the target before any engine process starts. Every other configuration passes through untouched
+(one log line per process says the plugin is inactive).
+
+The engine's own processes are marked, and no other process: the plugin loads in every vLLM process before that
+process sees its engine's config, so an engine core or worker started for our drafter learns it from the marker
+ACTIVE_ENV in the environment it starts with. The marker is set only while such an engine starts its processes
+(`CoreEngineProcManager.__init__`: the engine core processes; `EngineCore.__init__`: an engine core run in this
+process, whose executor starts the workers) and removed after, so processes this one starts later (`vllm serve`
+subprocesses, multiprocessing children, the engine cores of later engines without our drafter) never inherit it. An
+engine core process keeps it for its lifetime: it serves that one engine, and its workers inherit it."""
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import os
 
 from vllm_dflash import settings
@@ -38,7 +49,6 @@ def apply() -> None:
             return orig(self, target_model_config, target_parallel_config)
         if patches.activate():  # the seam check failed: no patch applied
             raise patches.UnsupportedVLLMError(patches.SEAM_REPORT[0])
-        os.environ[patches.ACTIVE_ENV] = "1"  # the engine core and workers spawned for this engine apply them too
         if isinstance(spec, dict):
             self.speculative_config = prepare_spec(self, spec, target_model_config, target_parallel_config)
         from vllm_dflash.serve.metrics import register_collector
@@ -50,6 +60,53 @@ def apply() -> None:
 
     create_speculative_config._vllm_dflash_patched = True
     EngineArgs.create_speculative_config = create_speculative_config
+
+
+def apply_with_marker() -> None:
+    """The ledger's apply (with the other patches, where DFlash is configured): the front-end hook, and the marker
+    around the start of a DFlash engine's processes."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.utils import CoreEngineProcManager
+
+    apply()
+    for cls in (CoreEngineProcManager, EngineCore):
+        orig = cls.__init__
+        if getattr(orig, "_vllm_dflash_patched", False):
+            continue
+        cls.__init__ = _marking(orig)
+
+
+def _marking(init):
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        with engine_marker(sig.bind(self, *args, **kwargs).arguments.get("vllm_config")):
+            init(self, *args, **kwargs)
+
+    __init__._vllm_dflash_patched = True
+    return __init__
+
+
+@contextlib.contextmanager
+def engine_marker(vllm_config):
+    """ACTIVE_ENV=1 in this process's environment for the duration, when `vllm_config` is an engine with our
+    drafter (the processes started meanwhile inherit it); the previous value restored after."""
+    from vllm_dflash.integration import patches
+    from vllm_dflash.integration.patches.base import dflash_engine
+
+    before = os.environ.get(patches.ACTIVE_ENV)
+    if before == "1" or vllm_config is None or not dflash_engine(vllm_config):
+        yield
+        return
+    os.environ[patches.ACTIVE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(patches.ACTIVE_ENV, None)
+        else:
+            os.environ[patches.ACTIVE_ENV] = before
 
 
 def _log_inactive() -> None:
@@ -109,13 +166,17 @@ def keep_prefix_block(spec: dict) -> None:
 
 
 PATCH = Patch(
-    symbol="vllm.engine.arg_utils.EngineArgs.create_speculative_config",
+    symbol="vllm.engine.arg_utils.EngineArgs.create_speculative_config (+ vllm.v1.engine.utils.CoreEngineProcManager"
+           ".__init__ and vllm.v1.engine.core.EngineCore.__init__, wrapped to mark a DFlash engine's processes)",
     why="the front end's one hook, installed in every process at plugin load: a config for our DFlash drafter "
-        "applies the plugin (seam check, patches, metrics) and marks its engine's processes; vLLM's "
+        "applies the plugin (seam check, patches, metrics) here; the processes that engine starts get the marker "
+        "DFLASH_PLUGIN_ACTIVE in their environment (set only while they start: no later process inherits it) and "
+        "apply the patches when they load the plugin, before they see the engine's config; vLLM's "
         "SpeculativeConfig forbids unknown keys, so we strip ours (adaptive, diffusion_steps, confidence_threshold, "
         "overlap, kv_injection, drafter, ...), resolve them into vLLM's own additional_config['dflash'] "
         "(settings.py), and validate the DFlash draft against the target before any engine process starts (clear "
         "error, non-zero exit). Any other config passes through untouched",
-    removal="when SpeculativeConfig accepts plugin-owned extra keys and a pre-engine validation hook",
-    apply=apply,
+    removal="when SpeculativeConfig accepts plugin-owned extra keys and a pre-engine validation hook, and vLLM "
+            "hands general plugins the engine's config",
+    apply=apply_with_marker,
 )
