@@ -81,6 +81,7 @@ setup(
         "transformers>=5.16",
         "tokenizers",  # the soak's token counts (a dependency of transformers)
         "safetensors",
+        "huggingface-hub",  # Hub ids of drafts (integration/hub.py); a dependency of transformers
         "numpy",
         "tqdm",
         "prometheus-client",

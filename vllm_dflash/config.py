@@ -5,6 +5,8 @@ Parsed from (and written to) the published checkpoint format, which upstream vLL
   {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": B,
    "num_target_layers": L, "dflash_config": {"mask_token_id": M, "target_layer_ids": [...]},
    + Qwen3 fields (hidden_size, num_hidden_layers, num_attention_heads, ...)}
+and from the dict vLLM builds out of a `speculators` checkpoint (model_type "speculators": the same keys without
+num_target_layers, which that layout does not record). Other layouts: integration/draft_layouts.py.
 
 Every validation error names the field and says how to fix it (`DFlashConfigError`).
 """
@@ -78,6 +80,23 @@ class DFlashConfigError(ValueError):
         super().__init__(f"{field_name}: {problem}. Fix: {fix}")
 
 
+def read_config_json(path: str | Path, field_name: str = "model") -> dict[str, Any]:
+    """A draft folder's config.json as a dict (DFlashConfigError naming `field_name` when the folder or the file is
+    missing, or the JSON is broken)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DFlashConfigError(field_name, f"draft folder {str(path)!r} does not exist",
+                                "pass the folder that holds the draft's config.json and model.safetensors")
+    cfg_file = path / CONFIG_NAME
+    if not cfg_file.is_file():
+        raise DFlashConfigError(field_name, f"{cfg_file} is missing",
+                                "pass a DFlash checkpoint folder with config.json")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise DFlashConfigError("config.json", f"is not valid JSON ({e})", f"repair {cfg_file}") from None
+
+
 def build_target_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ...]:
     """Default target layers whose OUTPUTS are fused: evenly spread from layer 1 to layer L-3.
 
@@ -117,7 +136,7 @@ class DFlashConfig:
     head_dim: int
     intermediate_size: int
     vocab_size: int  # the TARGET vocabulary (embedding / lm_head are the target's)
-    num_target_layers: int
+    num_target_layers: int | None  # None: not recorded (the speculators layout); the layer ids are checked alone
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     block_size: int = 8
@@ -145,6 +164,8 @@ class DFlashConfig:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                      "head_dim", "intermediate_size", "vocab_size", "num_target_layers"):
             value = getattr(self, name)
+            if value is None and name == "num_target_layers":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise DFlashConfigError(name, f"must be a positive integer, got {value!r}", f"set {name} in config.json")
         if self.block_size < 2:
@@ -161,11 +182,12 @@ class DFlashConfig:
         if list(self.target_layer_ids) != sorted(set(self.target_layer_ids)):
             raise DFlashConfigError("dflash_config.target_layer_ids", f"{list(self.target_layer_ids)} is not strictly "
                                     "increasing", "list each target layer once, in increasing order")
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        depth = self.num_target_layers
+        bad = [i for i in self.target_layer_ids if i < 0 or (depth is not None and i >= depth)]
         if bad:
             raise DFlashConfigError(
                 "dflash_config.target_layer_ids", f"layer ids {bad} are outside the target's "
-                f"{self.num_target_layers} layers (valid: 0..{self.num_target_layers - 1})",
+                + (f"{depth} layers (valid: 0..{depth - 1})" if depth is not None else "layers (negative)"),
                 "use ids below num_target_layers, or retrain the draft for this target")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise DFlashConfigError(
@@ -215,7 +237,7 @@ class DFlashConfig:
         if text is not None:  # multimodal wrappers keep the LM under text_config
             get = text.get if isinstance(text, Mapping) else (lambda k, d=None, t=text: getattr(t, k, d))
         t_layers, t_hidden, t_vocab = get("num_hidden_layers"), get("hidden_size"), get("vocab_size")
-        if t_layers != self.num_target_layers:
+        if self.num_target_layers is not None and t_layers != self.num_target_layers:
             raise DFlashConfigError(
                 "num_target_layers", f"draft was built for a {self.num_target_layers}-layer target, the target has "
                 f"{t_layers} layers", "use the draft trained for this target")
@@ -256,10 +278,10 @@ class DFlashConfig:
             if key not in cfg:
                 raise DFlashConfigError(key, "is missing from config.json", f"add {key} (a Qwen3 field) to config.json")
         num_target_layers = cfg.get("num_target_layers", dcfg.get("num_target_layers"))
-        if num_target_layers is None:
+        layer_ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))
+        if num_target_layers is None and not (cfg.get("model_type") == "speculators" and layer_ids is not None):
             raise DFlashConfigError("num_target_layers", "is missing from config.json",
                                     "add the target's num_hidden_layers as num_target_layers")
-        layer_ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))
         if layer_ids is None:
             layer_ids = build_target_layer_ids(int(num_target_layers), int(cfg["num_hidden_layers"]))
         mask = dcfg.get("mask_token_id", cfg.get("mask_token_id"))
@@ -280,10 +302,10 @@ class DFlashConfig:
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            num_target_layers=int(num_target_layers),
+            num_target_layers=None if num_target_layers is None else int(num_target_layers),
             target_layer_ids=tuple(layer_ids),
             mask_token_id=int(mask),
-            block_size=int(cfg.get("block_size", dcfg.get("block_size", 16))),
+            block_size=int(next((b for b in (cfg.get("block_size"), dcfg.get("block_size")) if b is not None), 16)),
             target_hidden_size=cfg.get("target_hidden_size"),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
@@ -324,6 +346,8 @@ class DFlashConfig:
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
         }
+        if self.num_target_layers is None:  # not recorded by the layout it came from
+            del out["num_target_layers"]
         if self.target_hidden_size is not None:
             out["target_hidden_size"] = self.target_hidden_size
         if self.draft_vocab_size is not None:
@@ -337,18 +361,7 @@ class DFlashConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "DFlashConfig":
-        path = Path(path)
-        if not path.is_dir():
-            raise DFlashConfigError("model", f"draft folder {str(path)!r} does not exist",
-                                    "pass the folder that holds the draft's config.json and model.safetensors")
-        cfg_file = path / CONFIG_NAME
-        if not cfg_file.is_file():
-            raise DFlashConfigError("model", f"{cfg_file} is missing", "pass a DFlash checkpoint folder with config.json")
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise DFlashConfigError("config.json", f"is not valid JSON ({e})", f"repair {cfg_file}") from None
-        return cls.from_hf_config(cfg)
+        return cls.from_hf_config(read_config_json(path))
 
     def save(self, path: str | Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

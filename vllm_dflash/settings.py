@@ -133,12 +133,15 @@ class DFlashSettings:
             "marginals ignore the sampled tokens before them); probabilistic = every slot drawn; greedy = every slot "
             "the argmax (one-hot q). Greedy requests always draft the argmax. auto falls back to greedy where q "
             "cannot be used (diffusion_steps > 1, a rejection_sample_method other than standard); probabilistic "
-            "makes that an error.",
+            "makes that an error. vLLM's own key draft_sample_method (greedy or probabilistic) sets it too; both "
+            "keys given with different values: refused.",
         fix="use 'auto', 'greedy' or 'probabilistic'")
     drafter: str = _setting(
         "ours", type="str", allowed='"ours", "vllm"', shown_default='"ours"', parse=parsers.choice("ours", "vllm"),
         doc="Which drafter serves method dflash: ours, or vLLM's built-in one on the same checkpoint (side-by-side "
-            "comparisons; the other per-deployment settings then do nothing).",
+            "comparisons; the other per-deployment settings then do nothing). vllm is also the way to serve what "
+            "ours refuses at start-up, each refusal naming its key: DFlash2 and sliding-window drafts, block sizes "
+            "other than 4, 8 and 16, draft_tensor_parallel_size 1 under tensor parallelism.",
         fix="use 'ours' (vllm_dflash's drafter) or 'vllm' (vLLM's built-in one)")
 
     def __post_init__(self) -> None:
@@ -336,9 +339,31 @@ def process_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
 
 
 # --------------------------------------------------------------------------- per-deployment resolution
+# vLLM's own speculative-config keys that say what one of our settings says -> (our setting, vLLM's values). Honoured,
+# never ignored: the value sets ours as our key would (and stays in the config for vLLM); both keys given with
+# different values is refused. (vLLM's draft_tensor_parallel_size has no setting of ours: integration/validation.py
+# accepts the target's TP size and refuses the rest.)
+VLLM_SPEC_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "draft_sample_method": ("draft_sampling", ("greedy", "probabilistic")),
+}
+
+
 def pop_spec_keys(spec: dict[str, Any]) -> dict[str, Any]:
-    """Remove our keys from a speculative-config dict (vLLM rejects unknown keys); returns them, raw."""
-    return {k: spec.pop(k) for k in list(spec) if k in SPEC_KEYS}
+    """Remove our keys from a speculative-config dict (vLLM rejects unknown keys); returns them, raw, with the
+    values of vLLM's keys that map onto ours (VLLM_SPEC_KEYS; those stay in `spec`)."""
+    ours = {k: spec.pop(k) for k in list(spec) if k in SPEC_KEYS}
+    for key, (name, values) in VLLM_SPEC_KEYS.items():
+        if key not in spec:
+            continue
+        value = spec[key]
+        if value not in values:
+            raise DFlashConfigError(f"speculative_config.{key}", f"got {value!r}",
+                                    f"use one of {', '.join(map(repr, values))} (vLLM's values)")
+        if name in ours and parse_value(name, ours[name], f"speculative_config.{name}") != value:
+            raise DFlashConfigError(f"speculative_config.{key}", f"{value!r} contradicts speculative_config.{name} "
+                                    f"= {ours[name]!r} (both say how drafts are sampled)", "give one of the two keys")
+        ours.setdefault(name, value)
+    return ours
 
 
 def resolve(spec_keys: Mapping[str, Any] | None = None, additional: Mapping[str, Any] | None = None,

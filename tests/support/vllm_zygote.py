@@ -22,7 +22,8 @@ from pathlib import Path
 
 # Keys that a library reads once when it is loaded (or that shape how a run's processes are made): a run setting one
 # of these gets a fresh interpreter, not a fork of this one.
-FRESH_PREFIXES = ("OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "TORCH", "PYTHON")
+FRESH_PREFIXES = ("OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "TORCH", "PYTHON", "HF_")  # HF_*: huggingface_hub reads
+# its settings (HF_HUB_OFFLINE, HF_HOME, ...) once, at import
 FRESH_KEYS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_CONFIGURE_LOGGING",
               "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_PREFIX")
 

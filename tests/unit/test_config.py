@@ -103,3 +103,145 @@ def test_for_target_reads_nested_rope_theta():
          "intermediate_size": 128, "vocab_size": 100, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
     assert DFlashConfig.for_target(t, mask_token_id=1).rope_theta == 100000.0
     assert DFlashConfig.for_target({**t, "rope_theta": 5e5}, mask_token_id=1).rope_theta == 5e5
+
+
+# ------------------------------------------------------------------ other checkpoint layouts (draft_layouts.py)
+@pytest.fixture
+def built(pair, tmp_path):
+    """Every layout of tests/support/draft_layouts.py, built from the trained tiny draft: name -> config.json dict."""
+    from support import draft_layouts as L
+
+    src, target = pair / "draft-b8", pair / "target"
+    folders = {"published": L.published(src, tmp_path / "p"), "causal": L.published(src, tmp_path / "c", causal=True),
+               "speculators": L.speculators(src, tmp_path / "s", target, draft_vocab_size=320),
+               "dflash2": L.dflash2(src, tmp_path / "d2", target), "dflash2_published": L.dflash2_published(
+                   src, tmp_path / "d2p")}
+    return {name: json.loads((f / "config.json").read_text()) for name, f in folders.items()}
+
+
+def test_layouts_served_read_as_vllm_reads_them(pair, built):
+    """The published layout (z-lab's keys, with or without dflash_config.causal) reads as our own draft; the
+    speculators layout as vLLM's algos.py reads it: target layers = aux ids - 1, no num_target_layers (the layer ids
+    are checked alone), its block size and reduced vocabulary kept."""
+    from vllm_dflash.integration import draft_layouts
+
+    ours = DFlashConfig.from_pretrained(pair / "draft-b8")
+    assert draft_layouts.read(built["published"]) == ours == draft_layouts.read(built["causal"])
+    spec = draft_layouts.read(built["speculators"])
+    assert spec.target_layer_ids == ours.target_layer_ids and spec.mask_token_id == ours.mask_token_id
+    assert spec.num_target_layers is None and spec.block_size == 8 and spec.draft_vocab_size == 320
+    spec.check_target(json.loads((pair / "target" / "config.json").read_text()))
+    with pytest.raises(DFlashConfigError, match="target_layer_ids"):
+        spec.check_target({"num_hidden_layers": 1, "hidden_size": 128, "vocab_size": 384})
+    converted = draft_layouts.from_speculators(built["speculators"])
+    assert converted["dflash_config"]["causal"] is True  # sliding_window_non_causal false: vLLM's causal attention
+    assert DFlashConfig.from_hf_config({**converted, "block_size": None}).block_size == 16  # vLLM drops it
+    assert "num_target_layers" not in spec.to_hf_config()
+    assert draft_layouts.describe(built["speculators"]) == "speculators dflash layout, causal attention"
+    assert draft_layouts.describe(built["published"]) == "published DFlash layout"
+
+
+def test_worker_reads_vllm_speculators_dict():
+    """In the worker our drafter reads vLLM's config of a speculators draft (model_type "speculators", no
+    num_target_layers, no block_size); a published config without num_target_layers is still refused."""
+    cfg = {**DFlashConfig(**BASE).to_hf_config(), "model_type": "speculators"}
+    del cfg["num_target_layers"], cfg["block_size"]
+    read = DFlashConfig.from_hf_config(cfg)
+    assert read.num_target_layers is None and read.target_layer_ids == (1, 2)
+    with pytest.raises(DFlashConfigError, match="num_target_layers"):
+        DFlashConfig.from_hf_config({**cfg, "model_type": "qwen3"})
+
+
+@pytest.mark.parametrize("name, edit, key", [
+    ("dflash2", None, "speculators_model_type"),
+    ("dflash2_published", None, "architectures"),
+    ("published", lambda c: c.update(architectures=["MuseGlimmerAssistantModel"]), "architectures"),
+    ("published", lambda c: c.update(layer_types=["sliding_attention"], sliding_window=64), "layer_types"),
+    ("published", lambda c: c["dflash_config"].update(use_swa=True), "dflash_config.use_swa"),
+    ("published", lambda c: c["dflash_config"].update(sample_from_anchor=True), "dflash_config.sample_from_anchor"),
+    ("published", lambda c: c["dflash_config"].update(attention_sink_bias=True), "dflash_config.attention_sink_bias"),
+    ("published", lambda c: c["dflash_config"].update(use_aux_hidden_state=False),
+     "dflash_config.use_aux_hidden_state"),
+    ("speculators", lambda c: c.update(sample_from_anchor=True), "sample_from_anchor"),
+    ("speculators", lambda c: c["transformer_layer_config"].update(layer_types=["sliding_attention"]),
+     "transformer_layer_config.layer_types"),
+])
+def test_layouts_ours_does_not_serve_are_refused_with_the_way_out(built, name, edit, key):
+    from vllm_dflash.integration import draft_layouts
+
+    raw = json.loads(json.dumps(built[name]))
+    if edit is not None:
+        edit(raw)
+    with pytest.raises(DFlashConfigError) as e:
+        draft_layouts.read(raw)
+    assert e.value.field_name == key and 'Fix: serve it with vLLM\'s own DFlash drafter: add "drafter": "vllm"' in str(
+        e.value), str(e.value)
+
+
+def test_speculators_of_another_kind_or_incomplete(built):
+    from vllm_dflash.integration import draft_layouts
+
+    with pytest.raises(DFlashConfigError, match="speculators_model_type: 'eagle3' is not a DFlash draft"):
+        draft_layouts.read({**built["speculators"], "speculators_model_type": "eagle3"})
+    incomplete = {k: v for k, v in built["speculators"].items() if k != "aux_hidden_state_layer_ids"}
+    with pytest.raises(DFlashConfigError, match="aux_hidden_state_layer_ids: is missing"):
+        draft_layouts.read(incomplete)
+
+
+# ------------------------------------------------------------------ Hub ids (hub.py)
+@pytest.fixture
+def offline_cache(pair, tmp_path, monkeypatch):
+    """huggingface_hub offline on a cache holding the tiny draft as test-org/draft (main) and test-org/other (v1)."""
+    from huggingface_hub import constants
+    from support import draft_layouts as L
+
+    cache = tmp_path / "hub"
+    L.hub_cache(pair / "draft-b8", cache, "test-org/draft")
+    L.hub_cache(pair / "draft-b8", cache, "test-org/other", commit="e" * 40, revision="v1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def test_hub_ids_resolve_offline_from_the_cache(pair, offline_cache):
+    """A Hub id resolves to its snapshot in the cache (offline), at the default branch or at a named revision."""
+    from vllm_dflash.config import read_config_json
+    from vllm_dflash.integration import draft_layouts, hub
+
+    src = hub.resolve("test-org/draft")
+    assert src.folder == offline_cache / "models--test-org--draft" / "snapshots" / ("0123456789abcdef" * 2 + "01234567")
+    assert draft_layouts.read(read_config_json(src.folder)) == DFlashConfig.from_pretrained(pair / "draft-b8")
+    assert not hub.weights_known_missing(src)
+    assert hub.resolve("test-org/other", "v1").folder.name == "e" * 40
+    assert hub.resolve(str(pair / "draft-b8")).repo_id is None  # a local folder is used as it is
+    with pytest.raises(DFlashConfigError, match="is a file, not a draft folder"):
+        hub.resolve(str(pair / "draft-b8" / "config.json"))
+
+
+@pytest.mark.parametrize("model, revision, words", [
+    ("test-org/missing", None, ["not in the cache", "HF_HUB_OFFLINE is set", "hf download test-org/missing"]),
+    ("test-org/other", None, ["test-org/other is not in the cache"]),  # only its v1 branch is cached
+    ("test-org/draft", "v9", ["at revision 'v9'", "hf download test-org/draft --revision v9"]),
+    ("/no/such/draft", None, ["draft folder '/no/such/draft' does not exist", "Hugging Face Hub id"]),
+    ("./relative/draft", None, ["does not exist"]),
+])
+def test_hub_errors_name_the_key_and_the_fix(offline_cache, model, revision, words):
+    from vllm_dflash.integration import hub
+
+    with pytest.raises(DFlashConfigError) as e:
+        hub.resolve(model, revision)
+    assert e.value.field_name == "speculative_config.model" and "Fix:" in str(e.value)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_hub_snapshot_without_weights_is_refused_offline(pair, offline_cache, monkeypatch):
+    from vllm_dflash.integration.validation import validate_dflash_spec
+
+    (offline_cache / "models--test-org--draft" / "snapshots" / ("0123456789abcdef" * 2 + "01234567")
+     / "model.safetensors").unlink()
+    target = json.loads((pair / "target" / "config.json").read_text())
+    with pytest.raises(DFlashConfigError, match="HF_HUB_OFFLINE is set: nothing can be downloaded"):
+        validate_dflash_spec({"model": "test-org/draft"}, target)
+    monkeypatch.setenv("VLLM_USE_MODELSCOPE", "1")
+    with pytest.raises(DFlashConfigError, match="VLLM_USE_MODELSCOPE"):
+        validate_dflash_spec({"model": "test-org/draft"}, target)

@@ -3,13 +3,18 @@
 
 Called from the patched `EngineArgs.create_speculative_config` (so `LLM(...)` raises and `vllm serve`
 exits non-zero with the message) and again by the drafter in the worker. Every error names the
-field and the fix (DFlashConfigError)."""
+field and the fix (DFlashConfigError). The draft is a local folder or a Hugging Face Hub id (integration/hub.py), in
+any layout vLLM's own `dflash` path loads; a layout our drafter does not serve is refused here, naming vLLM's own
+drafter as the way out (integration/draft_layouts.py): the engine never starts on another drafter unasked."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from vllm_dflash.config import SUPPORTED_BLOCK_SIZES, WEIGHTS_NAME, DFlashConfig, DFlashConfigError
+from vllm_dflash.config import SUPPORTED_BLOCK_SIZES, WEIGHTS_NAME, DFlashConfig, DFlashConfigError, read_config_json
+from vllm_dflash.integration import draft_layouts, hub
+from vllm_dflash.utils import get_logger
+
+logger = get_logger(__name__)
 
 
 def attention_head_sizes() -> list[int] | None:
@@ -46,7 +51,8 @@ def check_tensor_parallel(cfg: DFlashConfig, tp_size: int, draft_tp_size: int | 
             "speculative_config.draft_tensor_parallel_size",
             f"{draft_tp_size} with tensor_parallel_size={tp}: our DFlash drafter runs in the target's tensor-parallel "
             "group (its attention heads are sharded like the target's)",
-            f"omit draft_tensor_parallel_size or set it to {tp}")
+            f"omit draft_tensor_parallel_size or set it to {tp}; or {draft_layouts.VLLM_DRAFTER} (vLLM accepts 1 or "
+            "the target's size)")
     if tp <= 1:
         return
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -71,22 +77,26 @@ def validate_dflash_spec(spec: dict[str, Any], target_hf_config: Any, tp_size: i
     tensor_parallel_size, that the draft can be sharded like it). Returns the parsed draft config."""
     model = spec.get("model")
     if not model:
-        raise DFlashConfigError("speculative_config.model", "is missing", "pass the DFlash draft folder as 'model'")
-    path = Path(model)
-    if not path.exists():
-        raise DFlashConfigError("speculative_config.model", f"draft folder {model!r} does not exist",
-                                "pass a local folder with config.json and model.safetensors")
-    cfg = DFlashConfig.from_pretrained(path)
-    if not any(path.glob("*.safetensors")):
-        raise DFlashConfigError("speculative_config.model", f"no {WEIGHTS_NAME} in {model!r}",
+        raise DFlashConfigError("speculative_config.model", "is missing",
+                                "pass the DFlash draft (a local folder or a Hugging Face Hub id) as 'model'")
+    src = hub.resolve(str(model), spec.get("revision"))
+    raw = read_config_json(src.folder, hub.FIELD)
+    cfg = draft_layouts.read(raw)
+    if hub.weights_known_missing(src):
+        offline = "" if src.repo_id is None else " (HF_HUB_OFFLINE is set: nothing can be downloaded)"
+        raise DFlashConfigError(hub.FIELD, f"no {WEIGHTS_NAME} in {src.describe()}{offline}",
+                                f"download the whole repository (`hf download {src.repo_id}`)" if src.repo_id else
                                 "save the draft with DFlashDraftModel.save_pretrained (or copy its weights there)")
+    if src.repo_id is not None or draft_layouts.is_speculators(raw):
+        logger.info("vllm_dflash: draft %s (%s): served by our drafter", src.describe(), draft_layouts.describe(raw))
     cfg.check_target(target_hf_config)
     if not cfg.use_target_features:
         raise DFlashConfigError("dflash_config.use_target_features", "is false: this draft is the no-target-features "
                                 "training baseline, not a serving draft", "serve a draft trained with target features")
     if cfg.block_size not in SUPPORTED_BLOCK_SIZES:
-        raise DFlashConfigError("block_size", f"{cfg.block_size} is not supported for serving",
-                                f"use a draft with block_size in {SUPPORTED_BLOCK_SIZES}")
+        raise DFlashConfigError("block_size", f"{cfg.block_size} is not supported for serving by our drafter",
+                                f"use a draft with block_size in {SUPPORTED_BLOCK_SIZES}, or "
+                                f"{draft_layouts.VLLM_DRAFTER}")
     k = spec.get("num_speculative_tokens")
     if k is not None:
         cfg.check_num_speculative_tokens(int(k))
