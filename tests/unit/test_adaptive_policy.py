@@ -9,6 +9,7 @@ from vllm_dflash.adaptive.controller import AdaptiveController, StepPlan, merge
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
                                          plan_lengths, predicted_speedup)
+from vllm_dflash.serve.metric_names import COUNTERS, HISTOGRAMS, series_key
 
 
 def _lookup_loop(h, k, lo, hi):
@@ -226,15 +227,20 @@ class _Clock:
 
 
 class _Counts(dict):
-    """A metrics sink that keeps the counters."""
+    """A metrics sink that keeps the counters, one labelled by source under `<name>_<source>` (proposals_ngram)."""
 
-    def inc(self, k, n=1.0):
+    def inc(self, k, n=1.0, **labels):
+        series_key(k, labels)  # a family the collector exports, with its labels
+        k = "_".join((k, *labels.values()))
         self[k] = self.get(k, 0) + n
+
+    def declare(self, *names, **labels):
+        assert all(n in COUNTERS or n in HISTOGRAMS for n in names), names
 
     def observe(self, *a):
         pass
 
-    def set(self, *a):
+    def set(self, *a, **labels):
         pass
 
 

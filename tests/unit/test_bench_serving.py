@@ -158,13 +158,27 @@ def test_registry_and_overrides():
         configs.select(["none", "eagle@mp"])
 
 
+def _ours(counts: dict[tuple[str, str], float], engines: int = 1) -> str:
+    """Our per-source counters as the collector writes them: vLLM's labels, then `source` (split over `engines`)."""
+    lines = []
+    for name in ("proposals", "drafted_tokens", "accepted_tokens"):
+        lines.append(f"# TYPE vllm_dflash:{name} counter")
+        for (n, src), v in counts.items():
+            for e in range(engines) if n == name else ():
+                lines.append(f'vllm_dflash:{name}_total{{engine="{e}",model_name="target",source="{src}"}} '
+                             f"{v / engines}")
+    return "\n".join(lines) + "\n"
+
+
 def test_adaptive_delta_and_table():
-    before = {"vllm_dflash:proposals_dflash_total": 10.0}
-    after = {"vllm_dflash:proposals_dflash_total": 15.0, "vllm_dflash:proposals_ngram_total": 3.0,
-             "vllm_dflash:proposals_merged_total": 1.0, "vllm_dflash:proposals_none_total": 1.0,
-             "vllm_dflash:drafted_tokens_dflash_total": 20.0, "vllm_dflash:accepted_tokens_dflash_total": 5.0,
-             "vllm_dflash:drafted_tokens_ngram_total": 6.0, "vllm_dflash:accepted_tokens_ngram_total": 6.0,
-             "vllm_dflash:drafted_tokens_merged_total": 4.0, "vllm_dflash:accepted_tokens_merged_total": 3.0}
+    """The per-source split from the `source` label, summed over engines (vLLM's labels)."""
+    before = parse_metrics(_ours({("proposals", "dflash"): 10.0}))
+    after = parse_metrics(_ours({("proposals", "dflash"): 15.0, ("proposals", "ngram"): 3.0,
+                                 ("proposals", "merged"): 1.0, ("proposals", "none"): 1.0,
+                                 ("drafted_tokens", "dflash"): 20.0, ("accepted_tokens", "dflash"): 5.0,
+                                 ("drafted_tokens", "ngram"): 6.0, ("accepted_tokens", "ngram"): 6.0,
+                                 ("drafted_tokens", "merged"): 4.0, ("accepted_tokens", "merged"): 3.0}, engines=2))
+    assert after['vllm_dflash:proposals_total{source="dflash"}'] == 15.0
     a = stats.adaptive_delta(before, after)
     assert a["share"] == {"dflash": 0.5, "ngram": 0.3, "merged": 0.1, "none": 0.1} and a["mean_draft_len"] == 3.0
     assert a["acceptance_rate"] == {"dflash": 0.25, "ngram": 1.0, "merged": 0.75}
@@ -263,15 +277,19 @@ def test_a_run_in_rounds_sums_counters_and_keeps_the_last_gauges():
     def wave(t0, n, gen0, gen1, alpha):
         req = {"id": f"p{t0}", "text": "x", "completion_tokens": n, "prompt_tokens": 5, "chunks": n,
                "finish_reason": "length", "t_start": t0, "t_end": t0 + 1.0, "ttft_s": 0.1, "latency_s": 1.0}
-        before = {"vllm:generation_tokens_total": gen0, "vllm_dflash:cost_fixed_ms": 1.0}
-        after = {"vllm:generation_tokens_total": gen1, "vllm_dflash:cost_fixed_ms": alpha,
-                 "vllm_dflash:request_steps_total": 9.0}
+        before = {"vllm:generation_tokens_total": gen0, "vllm_dflash:cost_fixed_seconds": 1.0}
+        after = {"vllm:generation_tokens_total": gen1, "vllm_dflash:cost_fixed_seconds": alpha,
+                 "vllm_dflash:request_steps_total": 9.0, "vllm_dflash:guard_tokens_per_second": 30.0,
+                 'vllm_dflash:guard_tokens_per_second{arm="plan"}': 20.0,
+                 'vllm_dflash:guard_tokens_per_second{arm="off"}': 10.0}
         return {"reqs": [req], "before": before, "after": after, "load": [0.1, 0.2], "idle_cpu_s": 0.05}
     cfg = SimpleNamespace(name="ours", method="dflash")
     run = _summarize(cfg, "chat", 1, [wave(0.0, 10, 100.0, 110.0, 40.0), wave(50.0, 20, 300.0, 320.0, 42.0)])
     assert run["server_generation_tokens"] == 30.0  # 10 + 20: the gap of 190 tokens between waves is not counted
     assert run["wall_s"] == 2.0 and run["output_tokens"] == 30 and run["rounds"] == 2
-    assert run["dflash_gauges"] == {"cost_fixed_ms": 42.0}  # the last scrape's state, not a sum of differences
+    # the last scrape's state, not a sum of differences; the guard's gauge per arm, not the sum of its arms
+    assert run["dflash_gauges"] == {"cost_fixed_seconds": 42.0, 'guard_tokens_per_second{arm="plan"}': 20.0,
+                                    'guard_tokens_per_second{arm="off"}': 10.0}
     assert run["idle_servers_cpu_s"] == 0.1
 
 

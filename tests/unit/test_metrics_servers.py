@@ -18,15 +18,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from vllm_dflash.serve import metrics as M
 from vllm_dflash.serve import snapshots as S
+from vllm_dflash.serve.tau import parse_metrics
 
 
 def _draft_steps(directory) -> float:
     registry = CollectorRegistry()
     registry.register(M.DFlashCollector(directory))
-    for line in generate_latest(registry).decode().splitlines():
-        if line.startswith("vllm_dflash:draft_steps_total "):
-            return float(line.split()[1])
-    raise AssertionError("no vllm_dflash:draft_steps_total")
+    return parse_metrics(generate_latest(registry).decode())["vllm_dflash:draft_steps_total"]
 
 
 def _sink(monkeypatch, directory, steps: float) -> M.MetricsSink:
@@ -97,10 +95,10 @@ PARENT = textwrap.dedent('''
     import json, subprocess, sys
     from prometheus_client import REGISTRY, generate_latest
     from vllm_dflash.serve import metrics as M
+    from vllm_dflash.serve.tau import parse_metrics
 
     def steps():
-        return [float(l.split()[1]) for l in generate_latest(REGISTRY).decode().splitlines()
-                if l.startswith("vllm_dflash:draft_steps_total ")][0]
+        return parse_metrics(generate_latest(REGISTRY).decode())["vllm_dflash:draft_steps_total"]
 
     role, out, go = sys.argv[1:4]
     M.register_collector()

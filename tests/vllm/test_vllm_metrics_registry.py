@@ -24,6 +24,7 @@ CODE = textwrap.dedent('''
     from vllm_dflash.serve import metrics as M
     M.register_collector()  # what a DFlash engine's front end does
     sink = M.MetricsSink.get()
+    sink.labels = {"model_name": "m", "engine": "0"}  # what MetricsSink.get(vllm_config) stamps in an engine
     sink.inc("draft_steps", 3)
     sink.flush(force=True)
     from vllm.v1.metrics.prometheus import get_prometheus_registry, REGISTRY
@@ -43,4 +44,4 @@ def test_our_metrics_are_in_the_multiprocess_registry(tmp_path):
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["multiprocess"], "PROMETHEUS_MULTIPROC_DIR set: vLLM should build its own registry"
     for where in ("module", "served"):
-        assert "vllm_dflash:draft_steps_total 3.0" in res[where], (where, res[where][:2000])
+        assert 'vllm_dflash:draft_steps_total{engine="0",model_name="m"} 3.0' in res[where], (where, res[where][:2000])

@@ -36,9 +36,8 @@ from vllm_dflash.adaptive.acceptance import AcceptanceModel
 from vllm_dflash.adaptive.cross_lookup import ONE_TENANT, CrossRequestIndex
 from vllm_dflash.adaptive.guard import SURE_SPEEDUP, SpeculationGuard, batch_bucket, guard_for
 from vllm_dflash.adaptive.ngram import prompt_lookup
-from vllm_dflash.adaptive.policy import plan_lengths, predicted_speedup, publish_plan
-from vllm_dflash.adaptive.sources import candidates, choose, gain_table, proposal_tokens
-from vllm_dflash.adaptive.sources import merge as merge  # re-exported
+from vllm_dflash.adaptive.policy import declare_metrics, plan_lengths, predicted_speedup, publish_plan
+from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
 from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel
 from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, lookup_slots, uses_block  # noqa: F401 (re-exported)
 from vllm_dflash.adaptive.trace import open_trace
@@ -112,7 +111,7 @@ class AdaptiveController:
         self._row_s: float | None = None  # EMA of the injection's seconds per context row
         self._step_rows = 0  # query tokens (= context rows) of the step just verified
         self.trace = open_trace()  # DFLASH_TRACE: one record per step (adaptive/trace.py), else None
-        self._declare_metrics()
+        declare_metrics(metrics, mode, k_max, cross=self.cross is not None, lease=self.lease_steps > 0)
 
     @property
     def guard(self) -> SpeculationGuard:
@@ -437,18 +436,3 @@ class AdaptiveController:
     def _count(self, name: str, n: float = 1.0, **labels: str) -> None:
         if self.metrics is not None:
             self.metrics.inc(name, n, **labels)
-
-    def _declare_metrics(self) -> None:
-        """The series this controller counts, exported at 0 from the start (serve/metrics.py `MetricsSink.declare`):
-        the sources its mode can propose, cross lookups and context releases where they are on."""
-        if self.metrics is None:
-            return
-        self.metrics.declare("request_steps", "draft_tokens_per_request")
-        self.metrics.declare("proposals", source="none")
-        for src in dict.fromkeys(c[0] for c in candidates(self.mode, self.k_max)):
-            for name in ("proposals", "drafted_tokens", "accepted_tokens"):
-                self.metrics.declare(name, source=src)
-        if self.cross is not None:
-            self.metrics.declare("cross_lookups")
-        if self.lease_steps:
-            self.metrics.declare("context_released")

@@ -45,6 +45,9 @@ class LengthPlanner:
         self.cost = StepCostModel(per_output=True)
         self.guards: dict[int, SpeculationGuard] = {}
         self.metrics, self.clock = metrics, clock
+        if metrics is not None:  # what this planner counts, at 0 from the start (serve/metrics.py `declare`)
+            metrics.declare("draft_tokens_per_request")
+            metrics.declare("proposals", source="none")
         self._last_t: float | None = None
         self._steps = 0
 
@@ -91,7 +94,7 @@ class LengthPlanner:
             g.predict(predicted_speedup(gains, ks, self.cost, extra_tokens))  # the forecast, in either arm
             if g.arm == "off":
                 ks = [0] * len(req_ids)
-        self._count("proposals_none", sum(1 for k in ks if k == 0))
+        self._count("proposals", sum(1 for k in ks if k == 0), source="none")
         publish_plan(self.metrics, ks, self.cost, g)
         return ks, (bucket, g.arm, dict(zip(req_ids, contexts)))
 
@@ -101,9 +104,9 @@ class LengthPlanner:
         for rid in [r for r in set(self.acceptance.req) | self.acceptance.sampled if r not in live]:
             self.acceptance.forget(rid)
 
-    def _count(self, name: str, n: float = 1.0) -> None:
+    def _count(self, name: str, n: float = 1.0, **labels: str) -> None:
         if self.metrics is not None and n:
-            self.metrics.inc(name, n)
+            self.metrics.inc(name, n, **labels)
 
 
 def expected_accepted(planner: LengthPlanner, req_id: str, k: int, context: str = ANY) -> float:

@@ -23,6 +23,7 @@ import numpy as np
 from vllm_dflash.adaptive.acceptance import SOURCES, AcceptanceModel, cumulative_acceptance  # noqa: F401 (re-exported)
 from vllm_dflash.adaptive.guard import (MIN_MARGIN, SURE_SPEEDUP, SpeculationGuard,  # noqa: F401 (re-exported)
                                         batch_bucket, guard_for)
+from vllm_dflash.adaptive.sources import candidates
 from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel  # noqa: F401 (re-exported)
 
 
@@ -95,6 +96,20 @@ def predicted_speedup(gains, ks: list[int], cost: StepCostModel, extra_tokens: i
             / (B / cost(n0, B, B)))
 
 
+def declare_metrics(metrics, mode: str, k_max: int, cross: bool = False, lease: bool = False) -> None:
+    """The series an `AdaptiveController` of this mode counts, exported at 0 from the start (serve/metrics.py
+    `MetricsSink.declare`; None: nothing): the sources the mode can propose (`sources.candidates`), no speculation,
+    cross lookups and context releases where they are on (cross, lease)."""
+    if metrics is None:
+        return
+    metrics.declare("request_steps", "draft_tokens_per_request", *(["cross_lookups"] if cross else []),
+                    *(["context_released"] if lease else []))
+    metrics.declare("proposals", source="none")
+    for src in dict.fromkeys(c[0] for c in candidates(mode, k_max)):
+        for name in ("proposals", "drafted_tokens", "accepted_tokens"):
+            metrics.declare(name, source=src)
+
+
 def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: SpeculationGuard) -> None:
     """One step's plan into the metrics (any object with observe/set; None: nothing): the chosen lengths, the
     current step-cost fit and the guard's measured rates. Shared by the drafter's and the scheduler's planners."""
@@ -102,10 +117,10 @@ def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: Speculation
         return
     for k in ks:
         metrics.observe("draft_tokens_per_request", float(k))
-    metrics.set("cost_fixed_ms", cost.alpha * 1e3)
-    metrics.set("cost_per_token_ms", cost.beta * 1e3)
-    metrics.set("cost_per_request_ms", cost.delta * 1e3)
-    metrics.set("cost_per_output_token_ms", cost.gamma * 1e3)
+    metrics.set("cost_fixed_seconds", cost.alpha)
+    metrics.set("cost_per_token_seconds", cost.beta)
+    metrics.set("cost_per_request_seconds", cost.delta)
+    metrics.set("cost_per_output_token_seconds", cost.gamma)
     for arm in guard.ARMS:
         if guard.rate[arm] is not None:
-            metrics.set(f"guard_{arm}_tokens_per_s", guard.rate[arm])
+            metrics.set("guard_tokens_per_second", guard.rate[arm], arm=arm)

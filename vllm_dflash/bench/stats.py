@@ -5,7 +5,8 @@ against the no-speculation baseline, and speedups."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from vllm_dflash.serve import tau
 
@@ -80,7 +81,7 @@ def paired_ratios(run: dict[str, Any], base: dict[str, Any]) -> list[float] | No
     a, b = run.get("round_tok_s"), base.get("round_tok_s")
     if not a or not b or len(a) < 2 or len(a) != len(b) or not all(x > 0 for x in b):
         return None
-    return [round(x / y, 4) for x, y in zip(a, b)]
+    return [round(x / y, 4) for x, y in zip(a, b, strict=True)]
 
 
 def sum_deltas(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, float]:
@@ -100,19 +101,19 @@ def spec_decode_delta(before: dict[str, float], after: dict[str, float]) -> dict
 
 
 def adaptive_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
-    """Adaptive drafting's choices over one run (our counters): share of request-steps per source (dflash / ngram /
-    merged / none), draft tokens and acceptance rate per source, mean draft length. None when the run made no
-    choices."""
-    def d(name: str) -> float:
-        key = f"vllm_dflash:{name}_total"
+    """Adaptive drafting's choices over one run (our counters proposals_total, drafted_tokens_total and
+    accepted_tokens_total by their `source` label): share of request-steps per source (dflash / ngram / merged /
+    none), draft tokens and acceptance rate per source, mean draft length. None when the run made no choices."""
+    def d(name: str, source: str) -> float:
+        key = tau.series(f"vllm_dflash:{name}_total", source=source)
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    props = {s: d(f"proposals_{s}") for s in ADAPTIVE_SOURCES + ("none",)}
+    props = {s: d("proposals", s) for s in ADAPTIVE_SOURCES + ("none",)}
     total = sum(props.values())
     if total <= 0:
         return None
-    drafted = {s: d(f"drafted_tokens_{s}") for s in ADAPTIVE_SOURCES}
-    accepted = {s: d(f"accepted_tokens_{s}") for s in ADAPTIVE_SOURCES}
+    drafted = {s: d("drafted_tokens", s) for s in ADAPTIVE_SOURCES}
+    accepted = {s: d("accepted_tokens", s) for s in ADAPTIVE_SOURCES}
     return {"request_steps": total, "share": {s: v / total for s, v in props.items()},
             "draft_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": {s: (accepted[s] / drafted[s] if drafted[s] > 0 else None) for s in drafted},
@@ -128,7 +129,7 @@ def compare_outputs(base: dict[str, str], other: dict[str, str], excerpt: int = 
         a, b = base[i], other[i]
         if a == b:
             continue
-        at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        at = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         mismatches.append({"id": i, "first_diff_char": at, "base_len": len(a), "other_len": len(b),
                            "base": a[at: at + excerpt], "other": b[at: at + excerpt]})
     return {"identical": len(ids) - len(mismatches), "compared": len(ids), "mismatches": mismatches}

@@ -12,6 +12,7 @@ from vllm_dflash.bench import stats
 from vllm_dflash.bench.configs import BenchConfig
 from vllm_dflash.bench.procs import cpu_delta, group_cpu_s, group_thread_cpu_s, machine_cpu_s, outside_cpu_s
 from vllm_dflash.serve import tau
+from vllm_dflash.serve.metric_names import GAUGES, LABELS, PREFIX
 
 
 def settled_metrics(server: Any, timeout: float = 10.0) -> dict[str, float]:
@@ -49,7 +50,7 @@ def measure(server: Any, items: list[dict[str, Any]], c: int, a: Any,
     machine1 = machine_cpu_s()
     threads = cpu_delta(threads0, group_thread_cpu_s(server.proc.pid))  # before the scrape below adds its own
     after = settled_metrics(server)
-    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others.values(), idle0)) if others else None
+    idle = sum(group_cpu_s(o.proc.pid) - t for o, t in zip(others.values(), idle0, strict=True)) if others else None
     labels = {o.proc.pid: f"idle {n}" for n, o in others.items()} | {os.getpgid(0): "bench"}
     outside = outside_cpu_s(machine0, machine1, server.proc.pid, labels)
     return {"reqs": reqs, "before": before, "after": after, "load": [load0, os.getloadavg()[0]], "idle_cpu_s": idle,
@@ -89,8 +90,13 @@ def summarize(cfg: BenchConfig, ps: str, c: int, waves: list[dict[str, Any]]) ->
                            if draft_s > 0 or split["target_forward"] > 0 else None)
     # our gauges at the end of the run (step-cost fit, guard rates): state, not deltas, so the last scrape's values
     last = waves[-1]["after"]
-    gauges = {k.split(":", 1)[1]: v for k, v in last.items() if k.startswith("vllm_dflash:")
-              and not k.endswith(("_total", "_sum", "_count", "_bucket", "_created")) and "{" not in k}
+    # (a gauge with labels of its own, e.g. the guard's per arm, by those labels: its plain name sums the arms)
+    gauges = {}
+    for k, v in last.items():
+        name = k[len(PREFIX):] if k.startswith(PREFIX) else ""
+        family = name.split("{")[0]
+        if family in GAUGES and ("{" in name) == (family in LABELS):
+            gauges[name] = v
     if gauges:
         run["dflash_gauges"] = gauges
     run["finish_reasons"] = {f: sum(r["finish_reason"] == f for r in reqs) for f in {r["finish_reason"] for r in reqs}}

@@ -30,7 +30,7 @@ class AdaptiveAsyncScheduler(AsyncScheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._k_max = self.num_spec_tokens
-        self._metrics = MetricsSink.get()
+        self._metrics = MetricsSink.get(self.vllm_config)
         from vllm_dflash.settings import from_vllm_config
 
         settings = from_vllm_config(self.vllm_config)

@@ -82,7 +82,7 @@ class DFlashDrafter(DFlashProposer):
         self._enable_probabilistic_draft_probs = False
         self._q_buffer = None  # DraftProbs, built in load_model when sample_drafts
         # only the output rank publishes (merged() sums snapshots: TP = 2 would count every event twice)
-        self.metrics = MetricsSink.get() if is_output_rank() else MetricsSink.disabled()
+        self.metrics = MetricsSink.get(vllm_config) if is_output_rank() else MetricsSink.disabled()
         self.timer = StepTimer(torch.device(device))
         self.metrics.set("diffusion_steps", self.diffusion_steps)
         self.metrics.set("block_size", self.num_speculative_tokens + 1)
@@ -106,6 +106,10 @@ class DFlashDrafter(DFlashProposer):
         strategy = OverlapDrafting if self.mode.overlap else AdaptiveDrafting if self.mode.adaptive else FixedBlock
         self.strategy = strategy(self, self.mode, device)
         self.controller = self.strategy.controller  # the adaptive controller (None: the fixed block)
+        # the series this drafter publishes, at 0 from the start; accepted_tokens_per_step is observed in the engine
+        # core (patches/observe_draft.py), declared here too so that it is there before the first verification
+        self.metrics.declare("draft_steps", "accepted_tokens_per_step",
+                             *(() if self._context_unused else ("draft_forward_seconds", "kv_injection_seconds")))
         logger.info("vllm_dflash: our DFlash drafter is active (draft %s; block size %d, %d draft tokens/step, "
                     "diffusion steps %d, confidence threshold %.2f, target layers %s, mask id %d)",
                     spec.draft_model_config.model, self.dflash.block_size, self.num_speculative_tokens,

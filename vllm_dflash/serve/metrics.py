@@ -21,7 +21,13 @@ its host. Another front end that inherits the variable (a `vllm serve` started b
 makes its own folder beside the parent's, so neither merges the other's counters nor loses its folder when the other
 exits. Dead servers' folders and snapshots left in a user-set folder are pruned when a server starts.
 
-Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
+Every series carries vLLM's labels `model_name` (the served model name) and `engine` (the engine's index), taken from
+the engine's config by each writing process (`MetricsSink.get(vllm_config)`, `engine_labels`): snapshots of one
+engine merge into one series, and PromQL can divide ours by vLLM's. A series is exported only where it applies: a
+process declares the series its engine counts (`MetricsSink.declare`, at 0 from the start) or they appear when first
+set; nothing is exported as a zero for what this engine does not do.
+
+Metrics (all prefixed `vllm_dflash:`; every one, with its labels: docs/METRICS.md):
   draft_forward_seconds       histogram  draft forward time per step (all denoising passes)
   kv_injection_seconds        histogram  context K/V injection time per step
   accepted_tokens_per_step    histogram  accepted draft tokens per request per verify step
@@ -29,7 +35,7 @@ Metrics (all prefixed `vllm_dflash:`; see docs/METRICS.md):
   diffusion_steps             gauge      denoising passes per draft
   draft_steps_total           counter    drafter invocations
   request_steps_total         counter    adaptive drafting: request-steps (tokens per target forward = generated / this)
-  proposals_*_total, drafted_tokens_*_total, accepted_tokens_*_total   adaptive drafting, per source
+  proposals_total{source}, drafted_tokens_total{source}, accepted_tokens_total{source}   adaptive drafting
 """
 from __future__ import annotations
 
@@ -38,15 +44,38 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from vllm_dflash.serve.metric_names import COUNTERS, GAUGES, HISTOGRAMS, PREFIX, SKIPPED, SKIPPED_DOC
-from vllm_dflash.serve.metric_names import ACCEPT_BUCKETS, LATENCY_BUCKETS  # noqa: F401 (re-exported)
-from vllm_dflash.serve.snapshots import (HOST, env_dir, merged, new_server_dir, read_owner, read_snapshots, server_id,
-                                         write_file)
-from vllm_dflash.serve.snapshots import (OWNER_FILE, SERVER_PREFIX, STALE_S,  # noqa: F401 (re-exported)
-                                         prune_base, snapshot_problem)
+from vllm_dflash.serve.metric_names import (  # noqa: F401 (ACCEPT_BUCKETS, LATENCY_BUCKETS: re-exported)
+    ACCEPT_BUCKETS,
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    IDENTITY,
+    LABELS,
+    LATENCY_BUCKETS,
+    PREFIX,
+    SKIPPED,
+    SKIPPED_DOC,
+    series_key,
+    split_key,
+)
+from vllm_dflash.serve.snapshots import (  # noqa: F401 (OWNER_FILE .. snapshot_problem: re-exported)
+    HOST,
+    OWNER_FILE,
+    SERVER_PREFIX,
+    STALE_S,
+    env_dir,
+    merged,
+    new_server_dir,
+    prune_base,
+    read_owner,
+    read_snapshots,
+    server_id,
+    snapshot_problem,
+    write_file,
+)
 from vllm_dflash.utils import get_logger
 
 logger = get_logger(__name__)
@@ -104,15 +133,27 @@ class _Hist:
         self.count += n
 
 
-class MetricsSink:
-    """Per-process accumulator; `flush()` writes a snapshot for the API server's collector."""
+def engine_labels(vllm_config) -> dict[str, str]:
+    """vLLM's labels of an engine's series (vllm/v1/metrics/loggers.py, PrometheusStatLogger): `model_name` = the
+    served model name, `engine` = the engine's index (its data-parallel rank; 0 without data parallelism), as the
+    engine core and its workers see them in their config."""
+    pc = vllm_config.parallel_config
+    index = getattr(pc, "data_parallel_index", None)
+    return {"model_name": str(vllm_config.model_config.served_model_name),
+            "engine": str(pc.data_parallel_rank if index is None else index)}
 
-    _instance: "MetricsSink | None" = None
+
+class MetricsSink:
+    """Per-process accumulator; `flush()` writes a snapshot for the API server's collector. A series is in it (and
+    exported) once it is declared, observed, set or counted: only what applies to this process's engine."""
+
+    _instance: MetricsSink | None = None
 
     def __init__(self) -> None:
-        self.hists = {k: _Hist(b) for k, (_, b) in HISTOGRAMS.items()}
-        self.gauges = {k: 0.0 for k in GAUGES}
-        self.counters = {k: 0.0 for k in COUNTERS}
+        self.hists: dict[str, _Hist] = {}
+        self.gauges: dict[str, float] = {}  # by series_key
+        self.counters: dict[str, float] = {}  # by series_key
+        self.labels: dict[str, str] = {}  # vLLM's labels of this process's engine (engine_labels; empty: unknown)
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._dirty = False
@@ -122,15 +163,18 @@ class MetricsSink:
         self.server = server_id(d)  # stamped into every snapshot: the collector merges its own server's only
 
     @classmethod
-    def get(cls) -> "MetricsSink":
+    def get(cls, vllm_config=None) -> MetricsSink:
+        """This process's sink; vllm_config (the engine's, where the caller has it): its labels, if not set yet."""
         if cls._instance is None:
             cls._instance = MetricsSink()
         elif cls._instance.path is not None and cls._instance.path.name != f"proc-{os.getpid()}.json":
             cls._instance = MetricsSink()  # a forked child: its own snapshot file, not the parent's
+        if vllm_config is not None and not cls._instance.labels:
+            cls._instance.labels = engine_labels(vllm_config)
         return cls._instance
 
     @classmethod
-    def disabled(cls) -> "MetricsSink":
+    def disabled(cls) -> MetricsSink:
         """A sink that accumulates but never writes a snapshot (`flush` is a no-op): for a process whose events
         another process already publishes (a TP rank other than 0: merged() sums snapshots, so TP=2 would double
         every counter and histogram)."""
@@ -138,22 +182,47 @@ class MetricsSink:
         sink.path = None
         return sink
 
+    def declare(self, *names: str, **labels: str) -> None:
+        """Export these histograms and counters from now on, at 0 until they count: the series that apply to this
+        process's engine, declared where it is set up. A series that first appears with its first counts loses them
+        in PromQL's rate() and increase(). Published like any change (`flush`), before the engine serves."""
+        with self._lock:
+            for name in names:
+                if name in HISTOGRAMS:
+                    self.hists.setdefault(name, _Hist(HISTOGRAMS[name][1]))
+                elif name in COUNTERS:
+                    self.counters.setdefault(series_key(name, labels), 0.0)
+                else:
+                    raise KeyError(f"no histogram or counter {name!r} (serve/metric_names.py)")
+        self.flush()
+
     def observe(self, name: str, value: float, n: int = 1) -> None:
         with self._lock:
-            self.hists[name].observe(value, n)
+            h = self.hists.get(name)
+            if h is None:
+                h = self.hists[name] = _Hist(HISTOGRAMS[name][1])
+            h.observe(value, n)
 
-    def set(self, name: str, value: float) -> None:
-        self.gauges[name] = value
+    def set(self, name: str, value: float, **labels: str) -> None:
+        if name not in GAUGES:
+            raise KeyError(f"no gauge {name!r} (serve/metric_names.py)")
+        key = series_key(name, labels)
+        with self._lock:
+            self.gauges[key] = value
 
-    def inc(self, name: str, n: float = 1.0) -> None:
-        self.counters[name] += n
+    def inc(self, name: str, n: float = 1.0, **labels: str) -> None:
+        if name not in COUNTERS:
+            raise KeyError(f"no counter {name!r} (serve/metric_names.py)")
+        key = series_key(name, labels)
+        with self._lock:
+            self.counters[key] = self.counters.get(key, 0.0) + n
 
     def snapshot(self) -> dict:
         with self._lock:
             return {"hists": {k: {"counts": list(h.counts), "sum": h.sum, "count": h.count}
                               for k, h in self.hists.items()},
-                    "gauges": dict(self.gauges), "counters": dict(self.counters), "time": time.time(),
-                    "pid": os.getpid(), "host": HOST, "server": self.server}
+                    "gauges": dict(self.gauges), "counters": dict(self.counters), "labels": dict(self.labels),
+                    "time": time.time(), "pid": os.getpid(), "host": HOST, "server": self.server}
 
     def flush(self, force: bool = False) -> None:
         """Publish the current values: force -> write a snapshot now, on this thread; otherwise mark them changed and
@@ -221,24 +290,36 @@ class DFlashCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         skipped: list[tuple[Path, str]] = []
-        m = merged(read_snapshots(self.directory, skipped=skipped, server=self.server))
+        snaps = read_snapshots(self.directory, skipped=skipped, server=self.server)
         self._note_skipped(skipped)
-        for name, (doc, buckets) in HISTOGRAMS.items():
-            h = m["hists"][name]
-            cum, acc = [], 0
-            for b, c in zip(buckets, h["counts"], strict=True):
-                acc += c
-                cum.append((repr(float(b)), acc))
-            cum.append(("+Inf", h["count"]))
-            yield HistogramMetricFamily(PREFIX + name, doc, buckets=cum, sum_value=h["sum"])
-        for name, doc in GAUGES.items():
-            g = GaugeMetricFamily(PREFIX + name, doc)
-            g.add_metric([], m["gauges"].get(name, 0.0))
-            yield g
-        for name, doc in COUNTERS.items():
-            c = CounterMetricFamily(PREFIX + name, doc)
-            c.add_metric([], m["counters"].get(name, 0.0))
-            yield c
+        # vLLM's labels that some snapshot carries (all of them in a server; none in a hand-made folder)
+        ident = [n for n in IDENTITY if any(n in s.get("labels", {}) for s in snaps)]
+        engines: dict[tuple[str, ...], list[dict]] = {}
+        for s in snaps:
+            engines.setdefault(tuple(s.get("labels", {}).get(n, "") for n in ident), []).append(s)
+        families: dict[str, object] = {}
+
+        def family(name: str, kind, doc: str):
+            if name not in families:
+                families[name] = kind(PREFIX + name, doc, labels=ident + list(LABELS.get(name, ())))
+            return families[name]
+
+        for values, group in sorted(engines.items()):
+            m = merged(group, complete=False)
+            for name, h in m["hists"].items():
+                cum, acc = [], 0
+                for b, c in zip(HISTOGRAMS[name][1], h["counts"], strict=True):
+                    acc += c
+                    cum.append((repr(float(b)), acc))
+                cum.append(("+Inf", h["count"]))
+                family(name, HistogramMetricFamily, HISTOGRAMS[name][0]).add_metric(list(values), cum, h["sum"])
+            for part, kind, docs in (("gauges", GaugeMetricFamily, GAUGES), ("counters", CounterMetricFamily,
+                                                                             COUNTERS)):
+                for key, v in sorted(m[part].items()):
+                    name, own = split_key(key)
+                    family(name, kind, docs[name]).add_metric([*values, *own], v)
+        order = [*HISTOGRAMS, *GAUGES, *COUNTERS]
+        yield from (families[n] for n in order if n in families)
         c = CounterMetricFamily(PREFIX + SKIPPED, SKIPPED_DOC)
         c.add_metric([], float(len(self._bad)))
         yield c

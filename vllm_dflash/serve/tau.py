@@ -13,7 +13,6 @@ Two figures, never to be confused:
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -23,23 +22,41 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATED = "vllm:generation_tokens"
 ENGINE_STEPS = "vllm:iteration_tokens_total_count"  # histogram count: one per engine step
 REQUEST_STEPS = "vllm_dflash:request_steps"  # ours, counted under adaptive drafting
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
-_POSITION = re.compile(r'position="(\d+)"')
+# vLLM's labels on every series (and ours): a scrape is summed over them (one server, every engine)
+IDENTITY = ("model_name", "engine")
+
+
+def series(sample: str, **labels: str) -> str:
+    """The key `parse_metrics` gives a sample summed over vLLM's labels: `sample{a="x",b="y"}` (labels sorted; no
+    braces without labels)."""
+    if not labels:
+        return sample
+    return sample + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name{labels}: value}; also sums per name without labels under `name`."""
+    """Prometheus text (prometheus_client's parser) -> {key: value}, summed over vLLM's labels (`IDENTITY`: every
+    engine and model of the server): `name` sums every sample of that name, `series(name, **labels)` every sample
+    with those other labels (e.g. `vllm_dflash:proposals_total{source="dflash"}`, a bucket's `{le="0.5"}`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line.strip())
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        out[name + labels] = value
-        out[name] = out.get(name, 0.0) + value if labels else value
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+            own = {k: v for k, v in s.labels.items() if k not in IDENTITY}
+            if own:
+                key = series(s.name, **own)
+                out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def label_values(m: dict[str, float], sample: str, label: str) -> dict[str, float]:
+    """{value of `label`: sum} over the samples of `sample` that carry `label` and no other label of their own (a
+    `parse_metrics` result)."""
+    head = sample + "{" + label + '="'
+    return {k[len(head):-2]: v for k, v in m.items()
+            if k.startswith(head) and k.endswith('"}') and '"' not in k[len(head):-2]}
 
 
 def counter(m: dict[str, Any], name: str) -> float:
@@ -61,13 +78,7 @@ def per_position_accepted(m: dict[str, Any]) -> dict[int, float]:
     vec = m.get(PER_POS)
     if isinstance(vec, (list, tuple)):
         return {k: float(v) for k, v in enumerate(vec)}
-    out: dict[int, float] = {}
-    for key, value in m.items():
-        if key.startswith(PER_POS + "_total{"):
-            pos = _POSITION.search(key)
-            if pos:
-                out[int(pos.group(1))] = out.get(int(pos.group(1)), 0.0) + value
-    return out
+    return {int(k): v for k, v in label_values(m, PER_POS + "_total", "position").items() if k.isdigit()}
 
 
 def tau(accepted: float, drafts: float) -> float | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import threading
 import time
@@ -17,7 +16,7 @@ from typing import Any
 from vllm_dflash.bench.soak import report as soak_report
 from vllm_dflash.bench.soak.client import Outcome, RssSampler, drive, rss_by_process
 from vllm_dflash.bench.soak.plan import Req
-from vllm_dflash.serve.tau import counter, spec_decode
+from vllm_dflash.serve.tau import counter, label_values, series, spec_decode
 
 SETTLE_TIMEOUT_S = 60.0
 RESTART_AFTER_S = 4.0  # the restart: seconds of load before the server is stopped
@@ -79,11 +78,9 @@ def idle_state(srv, sampler: RssSampler, probe: Req, tag: str) -> dict[str, Any]
 def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """One round's counters (after minus before); drafts and τ from the one τ helper (vllm_dflash.serve.tau)."""
     d = lambda name: counter(after, name) - counter(before, name)  # noqa: E731
-    reasons = {}
-    for k in after:
-        mm = re.match(r'vllm:request_success_total\{.*finished_reason="(\w+)"', k)
-        if mm:
-            reasons[mm.group(1)] = int(after[k] - before.get(k, 0.0))
+    ok = "vllm:request_success_total"
+    reasons = {r: int(v - before.get(series(ok, finished_reason=r), 0.0))
+               for r, v in label_values(after, ok, "finished_reason").items()}
     sd = spec_decode(after, before)
     return {"finished_by_reason": reasons, "preemptions": int(d("vllm:num_preemptions")),
             "prompt_tokens": int(d("vllm:prompt_tokens")), "generation_tokens": int(d("vllm:generation_tokens")),

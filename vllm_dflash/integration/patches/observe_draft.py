@@ -23,7 +23,7 @@ def apply() -> None:
         out = orig(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
                    request_id)
         if out is not None and acts_for(self, "dflash"):  # None: no stats logged or no draft verified
-            sink = MetricsSink.get()
+            sink = MetricsSink.get(self.vllm_config)
             sink.observe("accepted_tokens_per_step", float(num_accepted_tokens))
             sink.flush()
         return out

@@ -45,7 +45,9 @@ def apply() -> None:
         from vllm_dflash.utils import get_logger
 
         if isinstance(self.model, torch.nn.Module) and is_output_rank():
-            time_forward(self.model, MetricsSink.get())
+            sink = MetricsSink.get(self.vllm_config)
+            sink.declare("target_forward_seconds")
+            time_forward(self.model, sink)
             get_logger(__name__).info("vllm_dflash: DFLASH_PROFILE=1: timing the target forward (metric "
                                       "target_forward_seconds)")
 
