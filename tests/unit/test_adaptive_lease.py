@@ -58,7 +58,7 @@ def test_a_request_given_dflash_tokens_keeps_its_lease():
         (toks,) = c.propose(plan, block if plan.needs_block else None)
         blocks += plan.needs_block
         hist = np.concatenate([hist, toks, rng.integers(1000, 100000, size=1)])  # all drafts accepted, then a bonus
-    assert blocks == 2 * c.lease_steps
+    assert blocks >= 2 * c.lease_steps - c.guard.window  # every step but the guard's one window of 'off'
     assert c.wants_context("free")
 
 

@@ -461,15 +461,23 @@ def test_needs_block_counts_only_verified_block_tokens():
     assert not StepPlan(["r"], [0], [look], ["ngram"], [2]).needs_block
 
 
-def test_guard_skips_measuring_off_while_the_forecast_is_a_clear_win():
-    """Measuring 'off' costs a window without speculation per batch-size bucket: with a forecast of 2x the guard
-    keeps the plan; with a marginal forecast it measures 'off' as before, and a measured loss beats any forecast."""
+def test_guard_measures_off_once_then_trusts_a_clear_forecast():
+    """Re-measuring 'off' costs a window without speculation per batch-size bucket: with a forecast of 2x the guard
+    measures 'off' once, and after the plan won it keeps the plan; a forecast never replaces that first measurement
+    (a plan forecast at 2x that runs slower turns speculation off); a measured loss beats any later forecast."""
     sure = SpeculationGuard(window=4, explore_every=2)
+    arms = []
     for _ in range(80):
         sure.predict(2.0)
-        assert sure.arm == "plan"
-        sure.record(10.0, 1.0)
-    assert sure.rate["off"] is None
+        arms.append(sure.arm)
+        sure.record(10.0 if sure.arm == "plan" else 8.0, 1.0)
+    assert sure.rate["off"] is not None and sure.best == "plan"
+    assert arms.count("off") == 4 and "off" not in arms[16:]  # one flanked comparison (4 steps), never again
+    wrong = SpeculationGuard(window=4, explore_every=2)
+    for _ in range(40):
+        wrong.predict(2.0)  # the forecast says 2x, the plan runs at 10 tokens/s against 12 without speculation
+        wrong.record(10.0 if wrong.arm == "plan" else 12.0, 1.0)
+    assert wrong.best == "off" and wrong.arm == "off"
     unsure = SpeculationGuard(window=4, explore_every=2)
     arms = []
     for _ in range(40):

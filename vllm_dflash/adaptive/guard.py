@@ -23,16 +23,17 @@ class SpeculationGuard:
     tokens/s) against a later 'off' window (671-770) kept speculation off for 53 of 122 steps, while the plan's next
     windows ran at 847-881.
 
-    Measuring 'off' costs a window of steps without speculation, which is the price of every batch-size bucket's
-    first windows in a short burst of traffic. So the guard only measures 'off' while the models' own forecast of
-    the plan (`predict`: output tokens/s of the plan over no speculation, from measured acceptance and measured step
-    times) is below `sure_speedup`; where the forecast is a clear win it keeps the plan, and once the plan was also
-    measured faster it does not re-measure 'off' while the forecast stays clear (served at concurrency 8 on chat
-    prompts, each re-measurement cost a window of 12 steps in rounds of about 110, the plan measured 1.1-1.7x faster
-    each time). A measured loss still wins over any forecast: once 'off' was measured faster, it runs.
+    Every bucket measures 'off' once, whatever the forecast: a forecast is the models' own view (measured acceptance
+    and step times), and it can be wrong by more than any threshold (served at concurrency 8 on the bf16 EPYC, plans
+    forecast at 1.2-1.3x ran 3-8 % slower than no speculation while 'off' was never measured). Re-measuring 'off'
+    costs a window of steps without speculation each time, so once the plan was measured faster, the guard does not
+    re-measure 'off' while the models' forecast (`predict`: output tokens/s of the plan over no speculation) stays
+    at `sure_speedup` or above (served at concurrency 8 on chat prompts, each re-measurement cost a window of 12
+    steps in rounds of about 110, the plan measured 1.1-1.7x faster each time). A measured loss wins over any
+    forecast: once 'off' was measured faster, it runs.
 
     A guard may also be `vouched` for (`guard_for`): a larger batch-size bucket measured the plan faster than no
-    speculation, or has not measured 'off' and forecasts a clear win. Speculation gains shrink as the batch grows
+    speculation. Speculation gains shrink as the batch grows
     (verifying drafts turns the step from memory- to compute-bound), so such a guard does not measure 'off' either:
     measured at concurrency 32 on HumanEval (2-core Xeon, served), every bucket measuring 'off' on its own ran 19 % of
     all steps without speculation; at concurrency 8 on chat prompts the 4-7 bucket measured 'off' as each round
@@ -73,14 +74,20 @@ class SpeculationGuard:
 
     @property
     def sure(self) -> bool:
-        """Is the plan a clear win (its forecast, a larger batch's measurement: `vouched`, or its own measured lead of
-        `sure_speedup` over 'off'), so that measuring 'off' (or re-measuring it, after the plan was measured faster)
-        would only cost steps? Never after 'off' was measured faster: a measured loss is re-checked on the guard's
-        schedule whatever the forecast says. (Served at concurrency 8 on chat prompts the forecast read 1.24-1.34
-        while the plan was measured 1.4x as fast as 'off', so 'off' was re-measured for 6 % of the decode steps.)"""
+        """Is the plan a clear win, so that re-measuring 'off' would only cost steps: a larger batch measured it
+        faster (`vouched`), or this guard measured it faster than 'off' and its lead (or the models' forecast) is
+        at least `sure_speedup`? Never before 'off' was measured here or in a larger bucket (a forecast alone does
+        not replace the measurement) and never after 'off' was measured faster: a measured loss is re-checked on the
+        guard's schedule whatever the forecast says. (Served at concurrency 8 on chat prompts the forecast read
+        1.24-1.34 while the plan was measured 1.4x as fast as 'off', so 'off' was re-measured for 6 % of the decode
+        steps.)"""
         if self.best == "off":  # 'off' measured faster
             return False
-        return self.vouched or self._forecast_clear or self._measured_clear
+        if self.vouched:
+            return True
+        if self.rate["off"] is None:  # not measured yet: the forecast alone never decides
+            return False
+        return self._forecast_clear or self._measured_clear
 
     @property
     def _measured_clear(self) -> bool:
@@ -90,12 +97,10 @@ class SpeculationGuard:
 
     @property
     def wins(self) -> bool:
-        """Does this guard vouch for smaller buckets: the plan measured faster than 'off', or 'off' unmeasured and
-        the forecast a clear win (its own, not a vouch it was given)?"""
+        """Does this guard vouch for smaller buckets: the plan measured faster than 'off' here (a measurement, not a
+        forecast, nor a vouch it was given)?"""
         p, o = self.rate["plan"], self.rate["off"]
-        if o is not None:
-            return p is not None and p > o
-        return self._forecast_clear
+        return o is not None and p is not None and p > o
 
     @property
     def _forecast_clear(self) -> bool:
@@ -158,7 +163,7 @@ class SpeculationGuard:
         if untried and not (untried == ["off"] and self.sure):
             self._explore(untried[0], r)
             return
-        if self.sure:  # 'off' never measured and the plan forecast a clear win: keep it
+        if self.sure:  # measured (here or in a larger batch) and a clear win: keep the plan
             self.arm = "plan"
             return
         self._since_explore += 1
