@@ -55,8 +55,8 @@ def pair() -> Path:
 @pytest.fixture(autouse=True)
 def _no_leaked_plugin_env():
     """A test that configures DFlash in this process (an engine config built in-process) makes pytest the owner of a
-    metrics folder and exports DFLASH_METRICS_DIR and the plugin's process marker DFLASH_PLUGIN_ACTIVE; a test of the
-    collector sets DFLASH_VLLM_EXTRAS. Servers, engines and probes that later tests start would inherit them: the
+    metrics folder and exports DFLASH_METRICS_DIR (the process marker DFLASH_PLUGIN_ACTIVE is set only while a
+    DFlash engine starts its processes, and restored after); a test of the collector sets DFLASH_VLLM_EXTRAS. Servers, engines and probes that later tests start would inherit them: the
     earlier runs' snapshots merged into their counters, and the patches applied in processes that never asked for
     DFlash (the walls). Every plugin variable (DFLASH_*, VLLM_DFLASH_*) is restored after every test."""
     def plugin_env() -> dict[str, str]:
@@ -81,6 +81,9 @@ LONGEST_FIRST = (
     "vllm/test_vllm_adaptive.py", "e2e/test_eval_cli.py", "vllm/test_vllm_gemm_f32.py", "e2e/test_collect.py",
     "vllm/test_vllm_lora.py", "e2e/test_soak_features_served.py", "vllm/test_vllm_position_range.py",
     "vllm/test_walls.py", "e2e/test_exactness_served.py", "vllm/test_vllm_profile.py", "vllm/test_vllm_hinted.py",
+    # added in session 46 (rough times on a loaded machine; re-rank from a clean run's --durations)
+    "vllm/test_vllm_sampling_mixed.py", "vllm/test_draft_layouts.py", "vllm/test_walls_one_process.py",
+    "e2e/test_prometheus.py", "e2e/test_calibration_served.py", "e2e/test_vllm_bench_serve.py",
 )
 
 
