@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser, out_dir_default: str = DEFAULT_OUT
                    help="comma list: humaneval (chat-wrapped), chat (held-out web chats, never trained on), open-chat "
                         "(held-out ShareGPT first turns; open-chat/CATEGORY for one category), math (held-out "
                         "GSM-Symbolic templates), or JSONL files")
+    p.add_argument("--export-prompts", nargs=2, default=None, metavar=("SET", "OUT"),
+                   help="write prompt set SET (a --prompt-sets name or JSONL file), in order, to the file OUT as the "
+                        "ShareGPT JSON that `vllm bench serve --dataset-name sharegpt` reads, and exit "
+                        "(docs/BENCHMARKS-VLLM.md)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every request (0: greedy; above 0 the outputs are not compared with "
                         "`none`, since sampled outputs differ run to run)")

@@ -31,8 +31,9 @@ PLUGIN_ENV = tuple(n for k in ("diffusion_steps", "confidence_threshold", "metri
                    for n in (settings.env_name(k), settings.deprecated_env_name(k))) + ("DFLASH_VLLM_EXTRAS",)
 
 
-def load_prompt_set(name: str, n: int) -> list[dict[str, Any]]:
-    """n chat items of a prompt set. 'chat' is the held-out split of the chat-web source (never trained on)."""
+def load_prompt_set(name: str, n: int | None) -> list[dict[str, Any]]:
+    """n chat items of a prompt set (None: all). 'chat' is the held-out split of the chat-web source (never trained
+    on)."""
     from vllm_dflash.data.prompts import get_prompts
 
     items = get_prompts(name, n)
@@ -41,6 +42,25 @@ def load_prompt_set(name: str, n: int) -> list[dict[str, Any]]:
 
         assert all(split_of(it["id"]) == "eval" for it in items), "chat eval prompts must come from the held-out split"
     return [it if "messages" in it else {**it, "messages": [{"role": "user", "content": it["prompt"]}]} for it in items]
+
+
+def export_prompts(name: str, out: str) -> int:
+    """Write a prompt set, in order, as the ShareGPT JSON that `vllm bench serve --dataset-name sharegpt` reads: the
+    human turn is the prompt, sent as the one user message of a chat request, as this bench sends it; the gpt turn
+    stays empty (--sharegpt-output-len sets the output length). docs/BENCHMARKS-VLLM.md."""
+    rows = []
+    for it in load_prompt_set(name, None):
+        roles = [m["role"] for m in it["messages"]]
+        if roles != ["user"]:
+            raise ValueError(f"bench: prompt {it['id']!r} of {name!r} has the turns {roles}; the ShareGPT form sends "
+                             "one user message. Fix: export a set of single-turn prompts")
+        rows.append({"id": it["id"], "conversations": [{"from": "human", "value": it["messages"][0]["content"]},
+                                                       {"from": "gpt", "value": ""}]})
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {len(rows)} prompts of {name} to {path}")
+    return 0
 
 
 def resolve_draft(draft: str | None, target: Path, default_target: bool = True) -> tuple[Path, bool]:
@@ -77,6 +97,8 @@ def run_from_args(a: argparse.Namespace) -> int:
     def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so the running server is stopped (finally:)
         raise KeyboardInterrupt(f"signal {signum}")
 
+    if a.export_prompts:
+        return export_prompts(*a.export_prompts)
     signal.signal(signal.SIGTERM, _terminate)
     preset = PRESETS["quick" if a.quick else "full"]
     for k in ("configs", "concurrency", "num_prompts", "waves", "max_tokens", "name", "threads", "cpu_bind"):
