@@ -4,6 +4,7 @@
 
     python benchmarks/soak.py --quick                  # ~5 min (CI: tests/e2e/test_soak.py); --preempt: small KV cache
     python benchmarks/soak.py --features-check         # each request feature against stock vLLM (~2 min)
+    python benchmarks/soak.py --calibration --dtype bfloat16   # sampled output calibrated, ours and stock (~30 min)
     python benchmarks/soak.py                          # the full soak: 64 clients, 3 rounds, 20 min
     python benchmarks/soak.py --render benchmarks/results/soak-full.json benchmarks/results/soak-quick.json \
         --notes dev/soak_notes.md --md docs/RELIABILITY.md   # the report from the JSON results

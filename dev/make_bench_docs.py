@@ -467,12 +467,19 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
            "| file | date | command | draft | clients × rounds | requests | checks passed | greedy identical "
            "under load | RSS growth, last round |", "|---|---|---|---|---|---:|---|---|---:|"]
     checks = []  # served feature checks (`--features-check`): their own section in RELIABILITY.md
+    calibrations = []  # calibration checks of sampled output (`--calibration`): their own table in RELIABILITY.md
     for f in files:
         d = load(f)
         m = d["meta"]
         if m.get("mode") == "features":
             checks.append(f"{f.stem} ({m['started']}, {m['dtype']}): "
                           f"{sum(c['ok'] for c in d['checks'])}/{len(d['checks'])} checks passed")
+            continue
+        if m.get("mode") == "calibration":
+            calibrations.append(f"{f.stem} ({m['started']}, {m['dtype']}, {m['requests'] * m['max_tokens']:,} tokens "
+                                f"per configuration at c{m['concurrency']}): " + ", ".join(
+                f"{n} z {c['z_top1']:+.2f} / {c['z_top5']:+.2f}" for n, c in d["configs"].items() if "error" not in c)
+                + f"; {sum(c['ok'] for c in d['checks'])}/{len(d['checks'])} checks passed")
             continue
         cmd = ["python benchmarks/soak.py"] + (["--quick"] if m["mode"] == "quick" else [])
         if m["mode"] == "full" and m["rounds"] != 3:
@@ -488,9 +495,15 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
         out.append(f"| {f.stem} | {m['started']} | `{' '.join(cmd)}` | {draft} | {m['concurrency']} × {m['rounds']} "
                    f"| {sent} | {ok}/{len(d['checks'])} | {greedy.split(' greedy')[0]} "
                    + (f"| {growth[-1]:.2%} |" if growth else "| – |"))
+    parts = []  # one paragraph: docs/BENCHMARKS.md is at its line limit
     if checks:
-        out += ["", "Served feature checks against stock vLLM (`python benchmarks/soak.py --features-check`): "
-                + "; ".join(checks) + "."]
+        parts.append("Served feature checks against stock vLLM (`python benchmarks/soak.py --features-check`): "
+                     + "; ".join(checks) + ".")
+    if calibrations:
+        parts.append("Calibration of sampled output, z top-1 / top-5 at temperature 1.0 (`python benchmarks/soak.py "
+                     "--calibration`; |z| < 3.5 passes): " + "; ".join(calibrations) + ".")
+    if parts:
+        out += ["", " ".join(parts)]
     return out + hand(notes, "soak")
 
 
@@ -625,7 +638,8 @@ How to read the serving tables:
 def render(stems: list[str], full: bool) -> str:
     """docs/BENCHMARKS.md (`full` False: the LATEST results, serving runs in short) or the history (every result)."""
     notes = read_notes() if full else {}
-    soak_files = sorted([p for d in (LATEST_DIR, OLDER_DIR) for p in d.glob("soak*.json*")],
+    soak_files = sorted([p for d in (LATEST_DIR, OLDER_DIR) for g in ("soak*.json*", "calibration*.json*")
+                         for p in d.glob(g)],
                         key=lambda p: p.name.split(".")[0])
     if full:
         out = ["# Benchmarks: every run", "",
@@ -669,7 +683,7 @@ def render(stems: list[str], full: bool) -> str:
 def outputs() -> dict[Path, str]:
     """Each generated file and its text."""
     stems = {p.name.split(".")[0] for d in (LATEST_DIR, OLDER_DIR) for p in d.glob("*.json*")
-             if not p.name.startswith("soak")}
+             if not p.name.startswith(("soak", "calibration"))}
     order = [s for s in ORDER if s in stems or s == "soak"] + sorted(stems - set(ORDER))
     missing = [s for s in LATEST if s != "soak" and s not in stems]
     if missing:

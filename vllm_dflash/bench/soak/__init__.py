@@ -5,6 +5,7 @@
   client.py  : concurrent asyncio clients (httpx) and the server process tree's memory sampler
   startup.py : bad configurations that `vllm serve` must reject before serving
   features.py: the served feature check against stock vLLM (`--features-check`)
+  calibrate.py: the calibration check of sampled output (`--calibration`; the maths: vllm_dflash/bench/calibration.py)
   lora.py    : the tiny LoRA adapter the soak serves (unless --no-lora)
   report.py  : a round's figures, the server-log accounting, the pass/fail checks
   render.py  : the markdown report (docs/RELIABILITY.md, `--render`)

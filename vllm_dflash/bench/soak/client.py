@@ -54,6 +54,8 @@ class Outcome:
     connection: str = ""
     trace: list[str] = field(default_factory=list)
     retried: dict[str, Any] | None = None  # the first attempt (tag, error, connection, trace) when this is a retry
+    source: str = ""  # the request's prompt source (plan.Req.source)
+    logprobs: Any = None  # choice 0's `logprobs` when the request keeps them (plan.Req.keep_logprobs)
 
 
 class _Trace:
@@ -144,7 +146,7 @@ async def _send_once(client: httpx.AsyncClient, req: Req, tag: str, request_time
     body = req.body or {}
     out = Outcome(tag=tag, kind=req.kind, case=req.case, endpoint=req.endpoint, stream=req.stream, status="error",
                   max_tokens=body.get("max_tokens"), stop=list(req.stop), n=body.get("n") or 1,
-                  min_tokens=body.get("min_tokens"))
+                  min_tokens=body.get("min_tokens"), source=req.source)
     headers = {"X-Request-Id": tag}
     timeout = req.client_timeout or request_timeout
     t0, trace = time.perf_counter(), _Trace()
@@ -167,6 +169,8 @@ async def _send_once(client: httpx.AsyncClient, req: Req, tag: str, request_time
                 out.other_texts = [_content(c, req.endpoint, False) for c in chs[1:]]
                 out.choices = len({c.get("index", 0) for c in chs})
                 out.completion_tokens = (js.get("usage") or {}).get("completion_tokens")
+                if req.keep_logprobs:
+                    out.logprobs = ch.get("logprobs")
                 out.status = "ok"
             else:
                 out.status = "http_4xx" if 400 <= r.status_code < 500 else "http_5xx"

@@ -93,6 +93,7 @@ class Req:
     disconnect_after: int = 0  # disconnect: chunks read before closing
     client_timeout: float | None = None  # timeout: seconds before the client gives up
     stop: list[str] = field(default_factory=list)
+    keep_logprobs: bool = False  # the outcome keeps choice 0's `logprobs` (non-streaming; the calibration check)
 
     @property
     def path(self) -> str:

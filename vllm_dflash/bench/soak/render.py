@@ -51,6 +51,19 @@ vLLM's CLI once (each child runs the `vllm` console script's entry point with th
 and message are the CLI's); the full mode starts one `vllm serve` process per case."""
 
 
+CALIBRATION_METHOD = """\
+Chat requests at temperature 1.0 (top-p 1, no top-k, no penalties) with the top-20 logprobs of every emitted token,
+half open questions (held-out ShareGPT), half "repeat this text / code exactly"; each configuration served alone
+(`--enforce-eager`, `OMP_NUM_THREADS=1`). At each position, I = [emitted token among the k most likely] and E = their
+probability by the returned logprobs (vLLM's raw logprobs: at temperature 1.0 the sampling distribution; ties at the
+k-th value all count); z = sum(I - E) / sqrt(sum E(1 - E)) is N(0, 1) for a server that samples what its logprobs
+say, and |z| above 3.5 fails (vllm_dflash/bench/calibration.py; with little information, sum E(1 - E) below 200, the
+check takes the tail from the exact distribution of the misses). "Blind to ties" (a diagnostic): the same sets
+scored as a statistic that ignores ties would, I = [emitted logprob at least the k-th largest] but E = exactly k
+tokens' probability; bfloat16 logits tie often, which that statistic reads as a skew towards the likely tokens.
+"Accepted drafts" is the share of the scored tokens the verifier accepted from drafts."""
+
+
 def _mib(b: Any) -> str:
     return f"{b / 2 ** 20:,.0f} MiB" if isinstance(b, (int, float)) else "n/a"
 
@@ -82,6 +95,15 @@ def _restart_row(rs: dict[str, Any] | None) -> str:
     return (f"{', '.join(f'{k} {n}' for k, n in sorted(rs['outcomes'].items()))} / {len(rs['hung'])} / "
             f"{len(rs['greedy_again_differs'])} of {rs['greedy_again']} (stop {rs['stop_s']} s"
             + (", SIGKILL needed" if rs.get("sigkill_needed") else "") + f", start {rs['start_s']} s)")
+
+
+def _calibration_row(cal: dict[str, Any] | None) -> str:
+    if not cal:
+        return "not run"
+    if "error" in cal:
+        return f"FAILED: {cal['error'][:80]}"
+    z = lambda v: "n/a" if v is None else f"{v:+.2f}"  # noqa: E731
+    return f"{cal['tokens']:,}, {z(cal['z_top1'])} / {z(cal['z_top5'])} (c{cal['concurrency']}, T 1.0)"
 
 
 def _rows(res: dict[str, Any]) -> dict[str, str]:
@@ -136,6 +158,7 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "n=2 sampled requests completed": str(sum(r.get("n2_completed", 0) for r in rounds)),
         "outcomes by request kind (all rounds)": _by_kind(rounds),
         "restart under load: outcomes / hung / greedy again differing": _restart_row(res.get("restart")),
+        "calibration of sampled output: tokens, z top-1 / top-5": _calibration_row(res.get("calibration")),
         "server start / whole run": f"{meta.get('server_start_s')} s / {meta.get('wall_s')} s "
                                     f"(bound {meta['duration_limit_s']:.0f} s)",
         "checks passed": f"{sum(c['ok'] for c in res['checks'])}/{len(res['checks'])}",
@@ -143,12 +166,14 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
 
 
 def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str = "", notes_path: str = "") -> str:
-    """docs/RELIABILITY.md from soak JSON results (one column per run) and served feature checks (features.py, a
-    section each), plus human-written `notes` (markdown)."""
+    """docs/RELIABILITY.md from soak JSON results (one column per run), served feature checks (features.py, a
+    section each) and calibration checks (calibrate.py, one table), plus human-written `notes` (markdown)."""
+    from vllm_dflash.bench.soak.calibrate import render_calibration
     from vllm_dflash.bench.soak.features import render_features
 
     checks = [r for r in results if r.get("meta", {}).get("mode") == "features"]
-    results = [r for r in results if r.get("meta", {}).get("mode") != "features"]
+    calibrations = [r for r in results if r.get("meta", {}).get("mode") == "calibration"]
+    results = [r for r in results if r.get("meta", {}).get("mode") not in ("features", "calibration")]
     names = [f"{r['meta']['mode']}, {r['meta'].get('rounds', 2)} rounds"
              + (", preempt" if r["meta"].get("preempt") else "")
              + (f", {r['meta']['dtype']}" if r["meta"].get("dtype") else "")
@@ -180,6 +205,9 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
     for fc in checks:
         out += ["## Served feature check: stock vLLM vs DFlash (`vllm-dflash soak --features-check`)", "",
                 render_features(fc), ""]
+    if calibrations:
+        out += ["## Calibration of sampled output (`vllm-dflash soak --calibration`)", "", CALIBRATION_METHOD, "",
+                render_calibration(calibrations), ""]
     res = results[0]
     out += ["## Malformed requests (" + names[0] + ", both rounds)", "", "| request | HTTP status: count |",
             "|---|---|"]

@@ -262,6 +262,11 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     checks.append(_check("server_stopped", bool(stop.get("group_gone")),
                          f"process group gone after SIGTERM: {stop.get('group_gone')} "
                          f"(exit code {stop.get('exit_code')})"))
+    if res.get("calibration") is not None or res.get("meta", {}).get("calibration_requests"):
+        from vllm_dflash.bench.calibration import calibration_checks
+
+        cal = res.get("calibration") or {"error": "no calibration phase result"}
+        checks += [{**c, "name": c["name"].removesuffix(":soak")} for c in calibration_checks("soak", cal)]
     lim = res.get("meta", {}).get("duration_limit_s")
     wall = res.get("meta", {}).get("wall_s")
     checks.append(_check("within_time_bound", lim is not None and wall is not None and wall <= lim,

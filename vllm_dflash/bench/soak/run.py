@@ -30,7 +30,10 @@ skips it); --rounds (2 quick, 3 full) identical seeded rounds of the mix (plan.p
 rounds force preemptions; the run must count some (vllm:num_preemptions). LoRA (on unless --no-lora): the server runs
 with --enable-lora and a tiny adapter (lora.py); one greedy case goes through it, and every other case (prompt_logprobs
 included) runs on a LoRA-enabled engine. --features-check: instead of the soak, the served feature check against
-stock vLLM (features.py).
+stock vLLM (features.py). --calibration: instead of the soak, the calibration check of sampled output (calibrate.py:
+our default config and stock vLLM served in turn, --calibration-requests chat requests at temperature 1.0, c8 unless
+--concurrency, |z| of the top-1 / top-5 sets below 3.5); --calibration-requests N with the soak (quick or full): the
+same phase against the soak's server after the rounds (off by default: it adds N x max_tokens tokens of time).
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ from vllm_dflash.bench.soak.phases import metric_delta  # noqa: F401 (re-exporte
 from vllm_dflash.bench.soak.plan import (FULL, QUICK, Req, Sizes, build_round, feature_cases, fit_timeouts,
                                          greedy_cases, load_prompts, near_limit_case, too_long_text)
 from vllm_dflash.bench.soak.render import render_markdown
+from vllm_dflash.utils import HelpFormatter
 
 OUT_DEFAULT = "bench-results/soak-{mode}.json"  # under the current directory; {mode}: quick | full
 LOG_DEFAULT = "bench-results/soak-{mode}-serve.log"
@@ -113,6 +117,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
         "target": str(target), "draft": str(draft), "draft_untrained": untrained,
         "num_speculative_tokens": block - 1, "sizes": asdict(sizes), "server_env": a.server_env,
         "preempt": a.preempt, "kv_blocks": a.kv_blocks, "restart": a.restart, "lora": a.lora,
+        "calibration_requests": a.calibration_requests,
         "features": sorted(c.case for c in cases if c.case.startswith("f-")),
         "dtype": a.dtype, "near_tie_nats": near_tie_nats(a.dtype), "cpu": cpu_kind(),
         "prompts_available": len(prompts), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -188,6 +193,13 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
                 f"{summ['output_tok_s']} tok/s, RSS {summ['after']['rss_bytes'] / 2**20:.0f} MiB")
             for u in summ["unexpected"]:
                 log(f"  unexpected: {u}")
+        if a.calibration_requests:
+            from vllm_dflash.bench.soak.calibrate import run_phase
+
+            res["calibration"] = run_phase(srv, a.calibration_requests, a.calibration_max_tokens, a.concurrency,
+                                           a.seed, a.request_timeout, desc=f"calibration ({a.concurrency} clients)")
+            log(f"calibration: {res['calibration']['tokens']} tokens, z top-1 {res['calibration']['z_top1']}, "
+                f"top-5 {res['calibration']['z_top5']}")
         final, _ = run_drive(srv.url, [first], "soak-final", 1, a.request_timeout, None, "final check")
         same = final[0]["text"] == res["alone"]["outputs"][first.case]
         res["final"] = {"case": first.case, "status": final[0]["status"], "text": final[0]["text"],
@@ -265,29 +277,49 @@ def features_main(a: argparse.Namespace) -> int:
     return 0 if res["passed"] else 1
 
 
-def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_default: str = LOG_DEFAULT) -> int:
-    """The soak's command line. out_default / log_default: where the JSON and the server log go unless --out / --log
-    say otherwise ({mode} is quick or full; relative paths are under the current directory)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def calibration_main(a: argparse.Namespace) -> int:
+    """--calibration: the calibration check of sampled output (calibrate.py); JSON to --out."""
+    from vllm_dflash.bench.soak.calibrate import render_calibration, run_calibration_check
+
+    target, draft, _ = resolve_models(a)
+    env = dict(kv.split("=", 1) for kv in a.server_env)
+    res = run_calibration_check(target, draft, a.calibration_configs.split(","), a.dtype, a.calibration_requests,
+                                a.calibration_max_tokens, a.concurrency or 8, Path(a.log).parent, a.max_model_len,
+                                a.seed, env=env, temperature=a.calibration_temperature)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(render_calibration([res]))
+    for c in res["checks"]:
+        print(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
+    print(f"calibration check: {'PASSED' if res['passed'] else 'FAILED'} in {res['meta']['wall_s']} s; JSON: {a.out}")
+    return 0 if res["passed"] else 1
+
+
+def build_parser(out_default: str = OUT_DEFAULT, log_default: str = LOG_DEFAULT,
+                 prog: str | None = None) -> argparse.ArgumentParser:
+    """The soak's command line, every option's help with its default. out_default / log_default: where the JSON and
+    the server log go unless --out / --log say otherwise ({mode} is quick or full; relative paths are under the
+    current directory); prog: the usage line's name (`vllm-dflash soak` from the CLI)."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true", help="the CI size: ~5 minutes on 2 cores")
     p.add_argument("--duration", type=float, default=None, help="time bound in s (default: 300 quick, 1200 full)")
     p.add_argument("--concurrency", type=int, default=None, help="concurrent clients (default: 16 quick, 64 full)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the request mix (plan.py)")
     p.add_argument("--rounds", type=int, default=None,
                    help="identical rounds (default 2 quick, 3 full; memory growth: the last round vs the one before)")
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=2048, help="vLLM's max_model_len of the server")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="model dtype (default float32: greedy outputs under load must then equal their alone outputs "
                         "token for token; with bfloat16 a divergence passes only at a numerical near-tie of the "
                         "target, shown with its top-2 logprob margin)")
-    p.add_argument("--request-timeout", type=float, default=None, help="client timeout of a valid request (s)")
+    p.add_argument("--request-timeout", type=float, default=None, help="client timeout of a valid request (s) "
+                   "(default: 150 quick, 600 full)")
     p.add_argument("--grace", type=float, default=120.0,
                    help="watchdog: seconds past --duration before the server is stopped")
     p.add_argument("--startup-mode", choices=["fork", "exec"], default=None,
                    help="bad configurations: forked from one vLLM import (quick default) or one process each (full)")
     p.add_argument("--startup-parallel", type=int, default=1, help="exec mode: bad configurations started at a time")
-    p.add_argument("--skip-startup-suite", action="store_true")
+    p.add_argument("--skip-startup-suite", action="store_true", help="skip the bad-configuration start-up suite")
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment variable for the server (repeatable), e.g. MALLOC_MMAP_THRESHOLD_=1048576")
     p.add_argument("--keep-outcomes", action="store_true", help="store every request's outcome in the JSON")
@@ -303,6 +335,19 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
                         "one greedy case through it)")
     p.add_argument("--features-check", action="store_true",
                    help="run the served feature check against stock vLLM instead of the soak (features.py)")
+    p.add_argument("--calibration", action="store_true",
+                   help="run the calibration check of sampled output instead of the soak (calibrate.py; JSON "
+                        "default: calibration-{dtype}.json beside the soak's)")
+    p.add_argument("--calibration-configs", default="ours,stock",
+                   help="--calibration: configurations served in turn (ours, stock, fixed)")
+    p.add_argument("--calibration-requests", type=int, default=None,
+                   help="calibration requests (default 256 with --calibration; with the soak: 0, no calibration "
+                        "phase)")
+    p.add_argument("--calibration-max-tokens", type=int, default=100,
+                   help="tokens per calibration request (EOS ignored)")
+    p.add_argument("--calibration-temperature", type=float, default=1.0,
+                   help="--calibration: sampling temperature (other than 1.0: the servers return logprobs after "
+                        "temperature, --logprobs-mode processed_logprobs)")
     p.add_argument("--target", default=None, help="target folder (default: the demo's, SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, help="with --target: its draft folder")
     both = "{quick,full}"
@@ -311,6 +356,13 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
     p.add_argument("--render", nargs="+", default=None, metavar="JSON", help="render these results as markdown")
     p.add_argument("--md", default=None, help="with --render: write the markdown here (else stdout)")
     p.add_argument("--notes", default=None, help="with --render: a markdown file of findings to include")
+    return p
+
+
+def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_default: str = LOG_DEFAULT,
+         prog: str | None = None) -> int:
+    """The soak run from its command line (`build_parser`)."""
+    p = build_parser(out_default, log_default, prog)
     a = p.parse_args(argv)
     if bool(a.target) != bool(a.draft):
         p.error("--target and --draft go together (a target folder and its DFlash draft folder)")
@@ -323,6 +375,15 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
         else:
             print(md)
         return 0
+    if a.calibration:
+        a.calibration_requests = 256 if a.calibration_requests is None else a.calibration_requests
+        a.out = Path(a.out or str(Path(out_default.replace("{mode}", "x")).with_name(f"calibration-{a.dtype}.json")))
+        a.log = Path(a.log or log_default.replace("{mode}", "calibration"))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        return calibration_main(a)
+    a.calibration_requests = a.calibration_requests or 0
     mode = "features" if a.features_check else "quick" if a.quick else "full"
     if a.features_check:
         a.out = Path(a.out or out_default.replace("{mode}", mode))
