@@ -67,7 +67,11 @@ ROUND_SPREAD_NOTE = ("in brackets, for a run in interleaved rounds: the lowest a
 def round_spread(r: dict[str, Any]) -> str:
     """' (0.98–1.09)': the lowest and highest per-round speed-up of a run interleaved in rounds
     (stats.paired_ratios), or '' for a run without paired rounds."""
-    rounds = r.get("speedup_rounds")
+    return spread(r.get("speedup_rounds"))
+
+
+def spread(rounds: list[float] | None) -> str:
+    """' (0.98–1.09)': the lowest and highest of per-round ratios, or '' without them."""
     return f" ({min(rounds):.2f}–{max(rounds):.2f})" if rounds else ""
 
 
@@ -94,8 +98,7 @@ def over_cell(r: dict[str, Any], baseline: str = "none+extras") -> str:
     o = (r.get("over") or {}).get(baseline)
     if o is None:
         return "–"
-    rounds = o.get("rounds")
-    return f"{o['ratio']:.2f}×" + (f" ({min(rounds):.2f}–{max(rounds):.2f})" if rounds else "")
+    return f"{o['ratio']:.2f}×" + spread(o.get("rounds"))
 
 
 def _limit_cells(lim: dict[str, Any] | None) -> str:

@@ -135,10 +135,15 @@ def compare_outputs(base: dict[str, str], other: dict[str, str], excerpt: int = 
     return {"identical": len(ids) - len(mismatches), "compared": len(ids), "mismatches": mismatches}
 
 
+def baseline_runs(runs: list[dict[str, Any]], baseline: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """(prompt set, concurrency) -> the successful run of configuration `baseline` at that level."""
+    return {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == baseline and r.get("ok")}
+
+
 def attach_baseline(runs: list[dict[str, Any]], baseline: str = "none", compare: bool = True) -> None:
     """In place: speedup (output tok/s over the baseline's) and output comparison (greedy runs: compare) for every
     run that has a baseline run at the same prompt set and concurrency."""
-    base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == baseline and r.get("ok")}
+    base = baseline_runs(runs, baseline)
     for r in runs:
         b = base.get((r["prompt_set"], r["concurrency"]))
         if not r.get("ok") or b is None:
@@ -157,7 +162,7 @@ EXTRAS_BASELINE = "none+extras"  # our engine's CPU speed-ups without speculatio
 def attach_over(runs: list[dict[str, Any]], baseline: str) -> None:
     """In place: `over[baseline]` = {"ratio": output tok/s over that configuration's run at the same prompt set and
     concurrency, "rounds": its per-round ratios (`paired_ratios`) or None} for every other run that has one."""
-    base = {(r["prompt_set"], r["concurrency"]): r for r in runs if r["config"] == baseline and r.get("ok")}
+    base = baseline_runs(runs, baseline)
     for r in runs:
         b = base.get((r["prompt_set"], r["concurrency"]))
         if r is b or b is None or not r.get("ok") or not b["output_tok_s"] > 0:
