@@ -208,11 +208,15 @@ def test_failed_fix_is_reported_not_raised(monkeypatch, tmp_path, capsys):
 
 
 def test_command_on_this_machine():
-    """On this machine (scripts/setup.sh's environment) the command exits 0, in-process without importing vLLM (the
-    unit tier's conftest would fail the test) and through the CLI."""
+    """On this machine (scripts/setup.sh's environment) the command exits 0, in-process, in a fresh interpreter without
+    importing vLLM (this worker may have imported vLLM for an earlier test of another tier) and through the CLI."""
     checks = ic.run_checks()
     assert ic.serves(checks), ic.format_report(checks)
-    assert "vllm" not in sys.modules
+    probe = ("import sys; from vllm_dflash import install_check as ic; c = ic.run_checks(); "
+             "assert ic.serves(c), ic.format_report(c); "
+             "assert 'vllm' not in sys.modules, 'run_checks imported vllm'")
+    fresh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
     out = subprocess.run([sys.executable, "-m", "vllm_dflash.cli", "check-install"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "serves: yes" in out.stdout, out.stdout + out.stderr
