@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompts", default="humaneval")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0, help="of every request (seeded per request)")
     ap.add_argument("--config", default=None, help="(internal) run one config in this process")
     ap.add_argument("--json", default=None)
     from vllm_dflash.utils import default_dtype
@@ -66,6 +67,7 @@ def main() -> None:
         for c in a.configs.split(","):
             subprocess.run([sys.executable, __file__, "--config", c, "--concurrency", str(a.concurrency),
                             "--prompts", a.prompts, "--max-tokens", str(a.max_tokens), "--ops", str(a.ops),
+                            "--temperature", str(a.temperature),
                             "--dtype", a.dtype]
                            + (["--pin-off"] if a.pin_off else [])
                            + [f"--spec-extra={x}" for x in a.spec_extra if x.startswith(c + ":")]
@@ -206,7 +208,7 @@ def main() -> None:
     sched.schedule = sched_w
 
     items = load_prompt_set(a.prompts, 2 * a.concurrency + 1)
-    sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
+    sp = SamplingParams(temperature=a.temperature, max_tokens=a.max_tokens, seed=0 if a.temperature else None)
     llm.chat([items[-1]["messages"]], sp, use_tqdm=False)  # warm-up
     llm.chat([it["messages"] for it in items[: a.concurrency]], sp, use_tqdm=False)  # warm-up at this batch
     REC.clear()

@@ -760,3 +760,64 @@ def test_planner_with_token_costs_is_optimal(seed):
         return tok / (cost(B + sum(k)) + sum(t * n for t, n in zip(tc, k)))
     best = max(rate(k) for k in itertools.product(*[range(len(g) + 1) for g in gains]))
     assert rate(ks) == pytest.approx(best, rel=1e-9)
+
+
+class _ManualClock:
+    """A clock the test moves: each simulated step advances it by that step's time."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _plan_after_measured_steps(row_s: float, split_cost: bool, K: int = 7) -> tuple[AdaptiveController, list[int]]:
+    """issue 62.3: an `AdaptiveController` fed the steps of a machine whose target forward costs F(n) = 20 ms +
+    row_s * n for n query rows and the rest of the step 2 ms + 0.4 ms a request, then planning a batch of 8.
+
+    The measured steps run at batch 1-32 with 0-7 drafts a request, but not at 8: that bucket's guard stays unmeasured
+    (arm 'plan'), so the plan at batch 8 is the planner's. Acceptance: every request r0..r7 observed at ~0.3 a slot
+    (each draft accepted with probability 0.3 after an accepted one). -> (controller, draft lengths at batch 8)."""
+    clock = _ManualClock()
+    c = AdaptiveController(K, mode="dflash", clock=clock, split_cost=split_cost)
+    rng = np.random.default_rng(0)
+    ids8 = [f"r{i}" for i in range(8)]
+    for _ in range(200):
+        for rid in ids8:
+            acc = 0
+            while acc < K and rng.random() < 0.3:
+                acc += 1
+            c.acceptance.observe(rid, "dflash", K, acc)
+    hists = [np.arange(100 * i, 100 * i + 20) for i in range(32)]  # no repeats: no prompt lookup
+
+    def step(B, n):  # one verified step of B requests and n query rows, then the plan that follows it
+        fwd = 0.020 + row_s * n
+        clock.t += fwd + 0.002 + 0.0004 * B
+        return c.plan([f"w{i}" for i in range(B)] if B != 8 else ids8, hists[:B], query_tokens=n,
+                      decode_only=True, forward_s=fwd)
+
+    step(1, 1)  # starts the clock
+    for s in range(64):
+        B = (1, 2, 3, 4, 6, 16, 24, 32)[s % 8]
+        step(B, B * (1 + (s // 8) % (K + 1)))
+    plan = step(8, 8)
+    assert c.guard.arm == "plan" and c.guard.rate["off"] is None  # the guard decided nothing at batch 8
+    return c, plan.ks
+
+
+@pytest.mark.parametrize("split_cost", [True, False])
+def test_planner_declines_drafts_when_measured_verify_rows_are_dear(split_cost):
+    """issue 62.3: the decision follows the step costs measured through the controller, not constants. Same
+    acceptance (~0.3 a slot), two machines: where every verified row costs 3 ms (a draft adds 0.3 expected tokens
+    for 3 ms, against 8 tokens in ~49 ms without drafts) the batch of 8 drafts nothing; where a row costs 0.1 ms it
+    drafts. Both fits (the split one the CPU drafter runs, and the whole-step one) read the row cost from the
+    measurements. The two controllers differ only in the step times they were fed, so a planner that ignored them
+    would plan both batches alike and fail one half (with the steps not fed as cost samples, both fits stay at their
+    priors and the cheap machine's batch drafts nothing)."""
+    dear, ks = _plan_after_measured_steps(0.003, split_cost)
+    assert dear.cost.beta == pytest.approx(0.003, abs=2e-5)
+    assert ks == [0] * 8
+    cheap, ks = _plan_after_measured_steps(0.0001, split_cost)
+    assert cheap.cost.beta == pytest.approx(0.0001, abs=2e-5)
+    assert all(k >= 1 for k in ks)
