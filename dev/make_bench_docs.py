@@ -270,7 +270,7 @@ def serving_section(stem: str, result: dict[str, Any], notes: dict[str, str]) ->
              + ("" if m["draft_trained"] else " (**UNTRAINED** draft: τ ≈ 1 expected)"))
     spec_k = f"{m['num_speculative_tokens']} drafts per step at most" if m["num_speculative_tokens"] else \
         "draft lengths as configured"
-    out += [f"- workload: {draft}, {spec_k}, greedy, up to "
+    out += [f"- workload: {draft}, {spec_k}, {workload(m)}, up to "
             f"{m['max_tokens']} tokens, {prompts_per_run_text(m)}; streaming OpenAI chat clients",
             f"- per-run details (TTFT, TPOT, every output difference): "
             f"[{result_file(stem, '.md').relative_to(REPO)}]({link(result_file(stem, '.md'))})"]
@@ -546,16 +546,17 @@ def cross_lookup_section(stem: str, d: dict[str, Any], notes: dict[str, str]) ->
 
 
 def md_section(stem: str, notes: dict[str, str]) -> list[str]:
-    """A result whose script writes its own markdown table: that file's body (its first heading dropped), then
-    the hand-written reading."""
+    """A result whose script writes its own markdown table: that file's body (its first heading dropped, the others
+    one level down, below the section's), then the hand-written reading."""
     body = result_file(stem, ".md").read_text().splitlines()
     if body and body[0].startswith("#"):
         body = body[1:]
+    body = ["#" + line if line.startswith("#") else line for line in body]
     png = result_file(stem, ".png")
     plot = [f"![{stem}]({link(png)})", ""] if png else []
     data = load(result_file(stem, ".json")) if result_file(stem, ".json") else {}
     mach = data.get("machine") if isinstance(data, dict) else None
-    cpu = mach.get("cpu") if isinstance(mach, dict) else None
+    cpu = mach.get("cpu") if isinstance(mach, dict) else (data.get("meta") or {}).get("cpu_kind")
     return [f"## {MD_SECTIONS[stem]}", "", f"- machine: {machine(stem, cpu)}", *body, "", *plot, *hand(notes, stem)]
 
 

@@ -75,6 +75,14 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v41_xeon_open_categories": {"machine": "xeon-bf16"},
     "bench_v40_xeon_open_t10": {"machine": "xeon-bf16"},
     "bench_v40_xeon_open_t07_c32": {"machine": "xeon-bf16"},
+    "bench_v47_epyc_bf16_open_t0_c32": {"machine": "epyc-bf16"},
+    "bench_v47_epyc_bf16_open_t07_c1c32": {"machine": "epyc-bf16"},
+    "bench_v47_epyc_bf16_open_t0": {"machine": "epyc-bf16"},
+    "bench_v47_epyc_bf16_open_t07": {"machine": "epyc-bf16"},
+    "bench_v47_epyc_bf16_math_t0": {"machine": "epyc-bf16"},
+    "ab_v47_epyc_bf16_pinoff_c8_t07": {"machine": "epyc-bf16"},
+    "bench_v46_epyc_bf16_c8": {"machine": "epyc-bf16"},
+    "cost_model_epyc_bf16": {"machine": "epyc-bf16"},
     "bench_v45_avx2_c8_fixed": {"machine": "epyc-avx2"},
     "bench_v43_avx2_open_t0": {"machine": "epyc-avx2"},
     "bench_v43_avx2_open_t07": {"machine": "epyc-avx2"},
@@ -131,10 +139,18 @@ PROVENANCE: dict[str, dict[str, str]] = {
 # The latest result of each kind: docs/BENCHMARKS.md shows these (in this order, under these titles); every result,
 # these included, is in dev/BENCHMARKS-history.md. "soak" stands for every soak*.json file.
 LATEST: dict[str, str] = {
+    "bench_v47_epyc_bf16_open_t0": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
+                                    "avx512_bf16 (bf16), greedy, concurrency 1 / 8 / 32"),
+    "bench_v47_epyc_bf16_open_t0_c32": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
+                                        "avx512_bf16 (bf16), greedy, concurrency 32 in three rounds"),
+    "bench_v47_epyc_bf16_open_t07": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
+                                     "avx512_bf16 (bf16), temperature 0.7, concurrency 1 / 8 / 32"),
+    "bench_v47_epyc_bf16_open_t07_c1c32": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
+                                           "avx512_bf16 (bf16), temperature 0.7, concurrency 1 / 32 in three rounds"),
+    "bench_v47_epyc_bf16_math_t0": ("Math word problems against stock vLLM and `none+extras`, AMD EPYC with "
+                                    "avx512_bf16 (bf16), greedy, concurrency 1 / 8 / 32"),
     "bench_v45_avx2_c8_fixed": ("The fixed DFlash block against our default and stock vLLM, AMD EPYC with AVX2 only "
                                 "(float32), open-ended chat and math, greedy, concurrency 8"),
-    "bench_v43_avx2_open_t0": "Open-ended chat and math word problems against stock vLLM, AMD EPYC with AVX2 only "
-                              "(float32), greedy, concurrency 1 / 8",
     "bench_v43_avx2_open_t07": "Open-ended chat against stock vLLM, AMD EPYC with AVX2 only (float32), temperature "
                                "0.7, concurrency 1 / 8 / 32",
     "bench_v43_avx2_open_t10": "Open-ended chat against stock vLLM, AMD EPYC with AVX2 only (float32), temperature "
@@ -145,18 +161,12 @@ LATEST: dict[str, str] = {
                                       "concurrency 1, 90 prompts",
     "bench_v41_xeon_open_t07": "Open-ended chat against stock vLLM, Intel Xeon (bf16), temperature 0.7, concurrency "
                                "1 / 8",
-    "bench_v41_xeon_cross2": "Cross-request lookup on and off, Intel Xeon (bf16), open chat and math word problems, "
-                             "greedy, concurrency 1 / 8",
-    "bench_v40_xeon_open_t0": "Open-ended chat against stock vLLM, Intel Xeon (bf16), greedy, concurrency 1 / 8 / 32, "
-                              "with and without re-exploration",
     "bench_v40_xeon_open_t10": "Open-ended chat against stock vLLM, Intel Xeon (bf16), temperature 1.0, concurrency "
                                "1 / 8 / 32",
     "bench_v40_xeon_open_t07_c32": "Open-ended chat against stock vLLM, Intel Xeon (bf16), temperature 0.7, "
                                    "concurrency 32",
     "bench_v38_xeon_stock": "Serving against stock vLLM, Intel Xeon (bf16), HumanEval and open-ended chat, greedy, "
                             "concurrency 1 / 8",
-    "bench_v25": "Serving, Intel Xeon with avx512_bf16 and AMX (bf16), HumanEval and chat, concurrency 1 / 8 / 32",
-    "bench_v17_epyc": "Serving, AMD EPYC with avx512_bf16 (bf16), HumanEval and chat, concurrency 1 / 8 / 32",
     "bench_serving": "Serving against vLLM's own DFlash drafter on the same checkpoint (eager float32, older code)",
     "eval_humaneval164_v4": "Acceptance through vLLM: HumanEval, all 164 prompts (bundled draft version 4)",
     "eval_chat_v4": "Acceptance through vLLM: held-out chat, 102 prompts (bundled draft version 4)",
@@ -171,12 +181,35 @@ LATEST: dict[str, str] = {
 CATEGORY_TABLES = {"bench_v41_xeon_open_categories"}
 
 # Order of the sections in the history; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v45_avx2_c8_fixed", "ab_v43_avx2_idle_spec_t07", "bench_v43_avx2_stock", "bench_v43_avx2_open_t10", "bench_v43_avx2_open_t07", "bench_v43_avx2_open_t0", "bench_v41_xeon_open_categories", "bench_v41_xeon_open_t07", "bench_v41_xeon_cross2", "bench_v41_xeon_cross", "bench_v40_xeon_open_t07_c32", "bench_v40_xeon_open_t10", "bench_v40_xeon_open_t0", "bench_v38_xeon_stock_t07", "bench_v38_xeon_stock", "ab_gemm_prefetch_avx2", "step_ops_avx2", "ab_merged_he_c8_avx2", "bench_v34_avx2", "ab_argmax_slots_avx2", "bench_v33_avx2", "bench_v32_avx2", "bench_v31_avx2", "ab_c32_he_avx2", "bench_v30_avx2", "bench_v29_avx2", "waves_c32_avx2", "ab_guard_margin", "bench_v28_avx2", "eval_humaneval164_v4", "eval_humaneval164_v3_avx2", "eval_chat_v4", "eval_chat_v3_avx2", "ab_guard_threshold", "bench_v27_avx2_c32", "bench_v27_avx2", "ab_gemm_f32", "gemm_f32", "bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["bench_v47_epyc_bf16_open_t0", "bench_v47_epyc_bf16_open_t0_c32", "bench_v47_epyc_bf16_open_t07", "bench_v47_epyc_bf16_open_t07_c1c32", "bench_v47_epyc_bf16_math_t0", "ab_v47_epyc_bf16_pinoff_c8_t07", "bench_v46_epyc_bf16_c8", "cost_model_epyc_bf16", "bench_v45_avx2_c8_fixed", "ab_v43_avx2_idle_spec_t07", "bench_v43_avx2_stock", "bench_v43_avx2_open_t10", "bench_v43_avx2_open_t07", "bench_v43_avx2_open_t0", "bench_v41_xeon_open_categories", "bench_v41_xeon_open_t07", "bench_v41_xeon_cross2", "bench_v41_xeon_cross", "bench_v40_xeon_open_t07_c32", "bench_v40_xeon_open_t10", "bench_v40_xeon_open_t0", "bench_v38_xeon_stock_t07", "bench_v38_xeon_stock", "ab_gemm_prefetch_avx2", "step_ops_avx2", "ab_merged_he_c8_avx2", "bench_v34_avx2", "ab_argmax_slots_avx2", "bench_v33_avx2", "bench_v32_avx2", "bench_v31_avx2", "ab_c32_he_avx2", "bench_v30_avx2", "bench_v29_avx2", "waves_c32_avx2", "ab_guard_margin", "bench_v28_avx2", "eval_humaneval164_v4", "eval_humaneval164_v3_avx2", "eval_chat_v4", "eval_chat_v3_avx2", "ab_guard_threshold", "bench_v27_avx2_c32", "bench_v27_avx2", "ab_gemm_f32", "gemm_f32", "bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 # Section titles of the serving benchmarks (others: "Serving benchmark <stem>").
 SERVING_TITLES: dict[str, str] = {
+    "bench_v47_epyc_bf16_open_t0_c32": ("Open-ended chat, greedy, concurrency 32, 192 prompts in three interleaved "
+                                        "rounds, our default against stock vLLM and `none+extras` (session 47), AMD "
+                                        "EPYC with avx512_bf16 (no AMX), bf16"),
+    "bench_v47_epyc_bf16_open_t07_c1c32": ("Open-ended chat at temperature 0.7, concurrency 1 and 32 in three "
+                                           "interleaved rounds (24 and 192 prompts), our default against stock vLLM "
+                                           "and `none+extras` (session 47), AMD EPYC with avx512_bf16 (no AMX), bf16"),
+    "bench_v47_epyc_bf16_open_t0": ("Open-ended chat, greedy, concurrency 1 / 8 / 32, our default against stock vLLM "
+                                    "and stock vLLM with the plugin's CPU speed-ups alone (`none+extras`) (session "
+                                    "47), AMD EPYC with avx512_bf16 (no AMX), bf16; c32 one round of 96 prompts"),
+    "bench_v47_epyc_bf16_open_t07": ("Open-ended chat at temperature 0.7, concurrency 1 / 8 / 32, our default against "
+                                     "stock vLLM and `none+extras` (session 47), AMD EPYC with avx512_bf16 (no AMX), "
+                                     "bf16; c32 one round of 96 prompts"),
+    "bench_v47_epyc_bf16_math_t0": ("Math word problems, greedy, concurrency 1 / 8 / 32, our default against stock "
+                                    "vLLM and `none+extras` (session 47), AMD EPYC with avx512_bf16 (no AMX), bf16; "
+                                    "c32 one round of 96 prompts"),
+    "ab_v47_epyc_bf16_pinoff_c8_t07": ("What the speculative engine costs where it drafts nothing: open chat at "
+                                       "temperature 0.7, c8, our default against `ours#off` (our default with every "
+                                       "adaptive guard pinned to 'off' by a sitecustomize on PYTHONPATH: nothing "
+                                       "drafted or planned), `none+extras` and stock vLLM (session 47), AMD EPYC "
+                                       "with avx512_bf16 (no AMX), bf16"),
+    "bench_v46_epyc_bf16_c8": ("Open-ended chat, greedy, concurrency 8 in three interleaved rounds, our default "
+                               "against stock vLLM and `none+extras` (session 46), AMD EPYC with avx512_bf16 (no "
+                               "AMX), bf16"),
     "bench_v45_avx2_c8_fixed": ("Open-ended chat and math word problems at concurrency 8, greedy: the fixed DFlash "
                                 "block (`ours-fixed`) against our default and stock vLLM (session 45), AMD EPYC "
                                 "with AVX2 only (a slower host: 19.5 GB/s, 134 GFLOP/s), float32"),
@@ -357,7 +390,10 @@ SERVING_TITLES: dict[str, str] = {
 }
 
 # Result files rendered from their own markdown (the title of each section).
-MD_SECTIONS = {"gemm_f32": "The fp32 AVX2 GEMM against vLLM's CPU linear: the 121 GEMMs of one step, 1 to 512 rows",
+MD_SECTIONS = {"cost_model_epyc_bf16": ("The adaptive planner's step-cost model, predicted against measured, on "
+                                        "the traces of `bench_v47_epyc_bf16_open_t0`, `_open_t07` and `_math_t0` "
+                                        "(session 47), bf16 EPYC"),
+               "gemm_f32": "The fp32 AVX2 GEMM against vLLM's CPU linear: the 121 GEMMs of one step, 1 to 512 rows",
                "step_ops_avx2": ("One decode step without speculation at concurrency 1, op by op, against the memory "
                                  "bound: float32 on the AVX2-only EPYC (session 37)"),
                "step_ops": "One decode step without speculation at concurrency 1, op by op, against the memory bound",
