@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.bench.soak.mixed import mixed_row
 from vllm_dflash.bench.soak.report import retried_count
 
 METHOD = """\
@@ -62,6 +63,20 @@ check takes the tail from the exact distribution of the misses). "Blind to ties"
 scored as a statistic that ignores ties would, I = [emitted logprob at least the k-th largest] but E = exactly k
 tokens' probability; bfloat16 logits tie often, which that statistic reads as a skew towards the likely tokens.
 "Accepted drafts" is the share of the scored tokens the verifier accepted from drafts."""
+
+
+MIXED_METHOD = """\
+Two servers of the same target, one at a time: stock vLLM without speculation (our plugin not loaded) and our default
+config (adaptive drafting), whose engine runs a forced plan (`vllm_dflash/bench/soak/mixed_plan.py`, a sitecustomize
+on its PYTHONPATH): each request gets one proposal source by its `X-Request-Id` (DFlash block, merged, own prompt
+lookup, cross-request lookup, none), all sampled, interleaved with greedy requests, so sampled DFlash rows (whose q
+goes to the verifier) share steps with sampled lookup rows. /v1/completions, a seed per request, top-p 1, no top-k,
+EOS ignored; one prompt whose continuations repeat its tokens, and for the cross group another prompt that ends like
+it. Per temperature and source, the outcomes (the first max_tokens tokens) are compared with stock's by a two-sample
+chi-square (outcomes seen fewer than 10 times pooled); p at most 1e-3 fails. "Verified with q": proposals of the
+source verified in a step whose q went to the verifier (none: the source would test nothing, a failure). The
+negative control serves the same plan with a mismatched q (uniform at lookup slots, sharpened at DFlash slots): each
+drafting source must show p below 1e-3 there."""
 
 
 def _mib(b: Any) -> str:
@@ -159,6 +174,7 @@ def _rows(res: dict[str, Any]) -> dict[str, str]:
         "outcomes by request kind (all rounds)": _by_kind(rounds),
         "restart under load: outcomes / hung / greedy again differing": _restart_row(res.get("restart")),
         "calibration of sampled output: tokens, z top-1 / top-5": _calibration_row(res.get("calibration")),
+        "mixed-source distribution check (own servers)": mixed_row(res.get("mixed")),
         "server start / whole run": f"{meta.get('server_start_s')} s / {meta.get('wall_s')} s "
                                     f"(bound {meta['duration_limit_s']:.0f} s)",
         "checks passed": f"{sum(c['ok'] for c in res['checks'])}/{len(res['checks'])}",
@@ -170,10 +186,12 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
     section each) and calibration checks (calibrate.py, one table), plus human-written `notes` (markdown)."""
     from vllm_dflash.bench.soak.calibrate import render_calibration
     from vllm_dflash.bench.soak.features import render_features
+    from vllm_dflash.bench.soak.mixed import render_mixed
 
     checks = [r for r in results if r.get("meta", {}).get("mode") == "features"]
     calibrations = [r for r in results if r.get("meta", {}).get("mode") == "calibration"]
-    results = [r for r in results if r.get("meta", {}).get("mode") not in ("features", "calibration")]
+    mixed = [r for r in results if r.get("meta", {}).get("mode") == "mixed"]
+    results = [r for r in results if r.get("meta", {}).get("mode") not in ("features", "calibration", "mixed")]
     names = [f"{r['meta']['mode']}, {r['meta'].get('rounds', 2)} rounds"
              + (", preempt" if r["meta"].get("preempt") else "")
              + (f", {r['meta']['dtype']}" if r["meta"].get("dtype") else "")
@@ -208,6 +226,9 @@ def render_markdown(results: list[dict[str, Any]], paths: list[str], notes: str 
     if calibrations:
         out += ["## Calibration of sampled output (`vllm-dflash soak --calibration`)", "", CALIBRATION_METHOD, "",
                 render_calibration(calibrations), ""]
+    if mixed:
+        out += ["## Mixed proposal sources, sampled: stock vLLM vs DFlash (`vllm-dflash soak --mixed-check`)", "",
+                MIXED_METHOD, "", render_mixed(mixed), ""]
     res = results[0]
     out += ["## Malformed requests (" + names[0] + ", both rounds)", "", "| request | HTTP status: count |",
             "|---|---|"]

@@ -267,6 +267,10 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
 
         cal = res.get("calibration") or {"error": "no calibration phase result"}
         checks += [{**c, "name": c["name"].removesuffix(":soak")} for c in calibration_checks("soak", cal)]
+    if res.get("mixed") is not None or res.get("meta", {}).get("mixed_per_group"):
+        from vllm_dflash.bench.soak.mixed import mixed_checks
+
+        checks += mixed_checks(res.get("mixed") or {"error": "no mixed-source check result"})
     lim = res.get("meta", {}).get("duration_limit_s")
     wall = res.get("meta", {}).get("wall_s")
     checks.append(_check("within_time_bound", lim is not None and wall is not None and wall <= lim,

@@ -34,6 +34,10 @@ stock vLLM (features.py). --calibration: instead of the soak, the calibration ch
 our default config and stock vLLM served in turn, --calibration-requests chat requests at temperature 1.0, c8 unless
 --concurrency, |z| of the top-1 / top-5 sets below 3.5); --calibration-requests N with the soak (quick or full): the
 same phase against the soak's server after the rounds (off by default: it adds N x max_tokens tokens of time).
+--mixed-check: instead of the soak, the served mixed-source check of sampled output (mixed.py: stock vLLM and our
+server with a forced plan of proposal sources, a chi-square per source; --mixed-control adds the mismatched-q server
+it must catch); --mixed-per-group N with the soak: the same check after the soak's server stopped (its own servers,
+outside the soak's time bound).
 """
 from __future__ import annotations
 
@@ -117,7 +121,7 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
         "target": str(target), "draft": str(draft), "draft_untrained": untrained,
         "num_speculative_tokens": block - 1, "sizes": asdict(sizes), "server_env": a.server_env,
         "preempt": a.preempt, "kv_blocks": a.kv_blocks, "restart": a.restart, "lora": a.lora,
-        "calibration_requests": a.calibration_requests,
+        "calibration_requests": a.calibration_requests, "mixed_per_group": a.mixed_per_group,
         "features": sorted(c.case for c in cases if c.case.startswith("f-")),
         "dtype": a.dtype, "near_tie_nats": near_tie_nats(a.dtype), "cpu": cpu_kind(),
         "prompts_available": len(prompts), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -247,6 +251,11 @@ def run_soak(a: argparse.Namespace) -> dict[str, Any]:
                                 "during_shutdown": sum(" ERROR " in ln for ln in shutdown.splitlines())}
     res["meta"]["wall_s"] = round(time.time() - t0, 1)
     res["meta"]["loadavg_end"] = os.getloadavg()[0]
+    if a.mixed_per_group:
+        from vllm_dflash.bench.soak.mixed import run_phase as mixed_phase
+
+        log(f"mixed-source check: {a.mixed_per_group} requests per source, its own servers")
+        res["mixed"] = mixed_phase(a, target, draft, Path(a.log).parent)
     res["checks"] = soak_report.evaluate(res)
     res["passed"] = all(c["ok"] for c in res["checks"])
     return res
@@ -348,6 +357,9 @@ def build_parser(out_default: str = OUT_DEFAULT, log_default: str = LOG_DEFAULT,
     p.add_argument("--calibration-temperature", type=float, default=1.0,
                    help="--calibration: sampling temperature (other than 1.0: the servers return logprobs after "
                         "temperature, --logprobs-mode processed_logprobs)")
+    from vllm_dflash.bench.soak.mixed import add_arguments as add_mixed_arguments
+
+    add_mixed_arguments(p)
     p.add_argument("--target", default=None, help="target folder (default: the demo's, SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, help="with --target: its draft folder")
     both = "{quick,full}"
@@ -366,6 +378,9 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
     a = p.parse_args(argv)
     if bool(a.target) != bool(a.draft):
         p.error("--target and --draft go together (a target folder and its DFlash draft folder)")
+    from vllm_dflash.bench.soak.mixed import DEFAULT_PER_GROUP, check_arguments, mixed_main
+
+    check_arguments(p, a)
     if a.render:
         md = render_markdown([json.loads(Path(f).read_text()) for f in a.render], a.render,
                              Path(a.notes).read_text() if a.notes else "", a.notes or "")
@@ -384,6 +399,15 @@ def main(argv: list[str] | None = None, out_default: str = OUT_DEFAULT, log_defa
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         return calibration_main(a)
     a.calibration_requests = a.calibration_requests or 0
+    if a.mixed_check:
+        a.mixed_per_group = a.mixed_per_group or DEFAULT_PER_GROUP
+        a.out = Path(a.out or str(Path(out_default.replace("{mode}", "x")).with_name(f"mixed-check-{a.dtype}.json")))
+        a.log = Path(a.log or log_default.replace("{mode}", "mixed"))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        return mixed_main(a, *resolve_models(a)[:2])
+    a.mixed_per_group = a.mixed_per_group or 0
     mode = "features" if a.features_check else "quick" if a.quick else "full"
     if a.features_check:
         a.out = Path(a.out or out_default.replace("{mode}", mode))
