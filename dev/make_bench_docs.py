@@ -468,6 +468,7 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
            "under load | RSS growth, last round |", "|---|---|---|---|---|---:|---|---|---:|"]
     checks = []  # served feature checks (`--features-check`): their own section in RELIABILITY.md
     calibrations = []  # calibration checks of sampled output (`--calibration`): their own table in RELIABILITY.md
+    mixed = []  # mixed-source checks of sampled output (`--mixed-check`): their own table in RELIABILITY.md
     for f in files:
         d = load(f)
         m = d["meta"]
@@ -480,6 +481,13 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
                                 f"per configuration at c{m['concurrency']}): " + ", ".join(
                 f"{n} z {c['z_top1']:+.2f} / {c['z_top5']:+.2f}" for n, c in d["configs"].items() if "error" not in c)
                 + f"; {sum(c['ok'] for c in d['checks'])}/{len(d['checks'])} checks passed")
+            continue
+        if m.get("mode") == "mixed":
+            ps = [e["p"] for r in d["temperatures"].values() for e in r["groups"].values() if e["p"] is not None]
+            mixed.append(f"{f.stem} ({m['started']}, {m['dtype']}, {m['per_group']} requests per source at T "
+                         f"{' / '.join(d['temperatures'])}): lowest p {min(ps):.2g}; "
+                         f"{sum(c['ok'] for c in d['checks'])}/{len(d['checks'])} checks passed"
+                         + (" (mismatched q caught)" if m["control"] and d["passed"] else ""))
             continue
         cmd = ["python benchmarks/soak.py"] + (["--quick"] if m["mode"] == "quick" else [])
         if m["mode"] == "full" and m["rounds"] != 3:
@@ -502,6 +510,9 @@ def soak_section(files: list[Path], notes: dict[str, str]) -> list[str]:
     if calibrations:
         parts.append("Calibration of sampled output, z top-1 / top-5 at temperature 1.0 (`python benchmarks/soak.py "
                      "--calibration`; |z| < 3.5 passes): " + "; ".join(calibrations) + ".")
+    if mixed:
+        parts.append("Each proposal source's sampled output vs stock vLLM by chi-square (`python benchmarks/soak.py "
+                     "--mixed-check --mixed-control`; p > 1e-3 passes): " + "; ".join(mixed) + ".")
     if parts:
         out += ["", " ".join(parts)]
     return out + hand(notes, "soak")
@@ -639,7 +650,7 @@ How to read the serving tables:
 def render(stems: list[str], full: bool) -> str:
     """docs/BENCHMARKS.md (`full` False: the LATEST results, serving runs in short) or the history (every result)."""
     notes = read_notes() if full else {}
-    soak_files = sorted([p for d in (LATEST_DIR, OLDER_DIR) for g in ("soak*.json*", "calibration*.json*")
+    soak_files = sorted([p for d in (LATEST_DIR, OLDER_DIR) for g in ("soak*.json*", "calibration*.json*", "mixed-check*.json*")
                          for p in d.glob(g)],
                         key=lambda p: p.name.split(".")[0])
     if full:
@@ -684,7 +695,7 @@ def render(stems: list[str], full: bool) -> str:
 def outputs() -> dict[Path, str]:
     """Each generated file and its text."""
     stems = {p.name.split(".")[0] for d in (LATEST_DIR, OLDER_DIR) for p in d.glob("*.json*")
-             if not p.name.startswith(("soak", "calibration"))}
+             if not p.name.startswith(("soak", "calibration", "mixed-check"))}
     order = [s for s in ORDER if s in stems or s == "soak"] + sorted(stems - set(ORDER))
     missing = [s for s in LATEST if s != "soak" and s not in stems]
     if missing:

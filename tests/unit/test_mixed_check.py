@@ -150,3 +150,26 @@ def test_import_hook_patches_a_module_once_imported(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import colorsys; print(colorsys.X)"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.stdout.strip() == "7", out.stderr
+
+
+def test_soak_flags_reach_the_check(monkeypatch, tmp_path):
+    """`--mixed-check` and a soak's `--mixed-per-group`: the flags reach run_mixed_check, the JSON is written and
+    the exit code is the verdict."""
+    from vllm_dflash.bench.soak import run
+
+    seen = {}
+
+    def fake(target, draft, dtype, per_group, max_tokens, temperatures, concurrency, control, log_dir, env, **kw):
+        seen.update(per_group=per_group, max_tokens=max_tokens, temperatures=temperatures, concurrency=concurrency,
+                    control=control, env=env, dtype=dtype)
+        return _result()
+
+    monkeypatch.setattr(mixed, "run_mixed_check", fake)
+    monkeypatch.setattr(run, "resolve_models", lambda a: (tmp_path / "t", tmp_path / "d", False))
+    out = tmp_path / "m.json"
+    rc = run.main(["--mixed-check", "--mixed-control", "--mixed-temperatures", "1.0", "--server-env", "A=1",
+                   "--out", str(out), "--log", str(tmp_path / "x.log")])
+    assert rc == 0 and out.exists()
+    assert seen == {"per_group": mixed.DEFAULT_PER_GROUP, "max_tokens": mixed.DEFAULT_MAX_TOKENS,
+                    "temperatures": [1.0], "concurrency": mixed.DEFAULT_CONCURRENCY, "control": True,
+                    "env": {"A": "1"}, "dtype": "float32"}

@@ -134,6 +134,7 @@ def _serve(name: str, target: Path, draft: Path, dtype: str, max_model_len: int,
         srv.start(timeout=start_timeout)
         entry["server_start_s"] = round(time.perf_counter() - ts, 1)
         entry["plugin_loaded"] = "[vllm_dflash." in Path(srv.log_path).read_text(errors="replace")
+        _log(f"{name}: server up in {entry['server_start_s']} s")
         n = per_group * len(GROUPS)
         for k, T in enumerate(temperatures):
             reqs = mixed_requests(prompts, per_group, max_tokens, T, SERVER_SEEDS[name], offset=k * n)
@@ -144,6 +145,7 @@ def _serve(name: str, target: Path, draft: Path, dtype: str, max_model_len: int,
             entry.setdefault("errors", []).extend(o["error"] for o in outs if "error" in o)
             entry["retried"] = entry.get("retried", 0) + sum(o.get("retried", False) for o in outs)
             entry["probe"][str(T)] = _read_probe(probe) if name != "stock" else None
+            _log(f"{name}: T {T}: {len(reqs)} requests in {entry['seconds'][str(T)]} s")
     except Exception as e:  # noqa: BLE001 - recorded, fails this server's check; the others still run
         entry["error"] = f"{type(e).__name__}: {e}"[:500]
     finally:
@@ -151,6 +153,12 @@ def _serve(name: str, target: Path, draft: Path, dtype: str, max_model_len: int,
     entry["failed"] = len(entry.get("errors", []))
     entry["errors"] = entry.get("errors", [])[:5]
     return entry
+
+
+def _log(msg: str) -> None:
+    import sys
+
+    print(f"[mixed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _by_group(outcomes: list[list[int] | None]) -> dict[str, collections.Counter]:
@@ -344,7 +352,8 @@ def add_arguments(p) -> None:
                         "default: mixed-check-{dtype}.json beside the soak's)")
     p.add_argument("--mixed-per-group", type=int, default=None, metavar="N",
                    help=f"requests per proposal source and temperature (default {DEFAULT_PER_GROUP} with "
-                        "--mixed-check, ~10 min on 2 cores with --mixed-control; with the soak: 0, no mixed phase)")
+                        "--mixed-check: ~8 min on 2 cores, ~13 with --mixed-control; with the soak: 0, no mixed "
+                        "phase)")
     p.add_argument("--mixed-control", action="store_true",
                    help="the mixed check also serves the negative control (a mismatched q), which it must catch")
     p.add_argument("--mixed-temperatures", default=",".join(map(str, DEFAULT_TEMPERATURES)),

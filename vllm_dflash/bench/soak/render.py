@@ -76,7 +76,9 @@ it. Per temperature and source, the outcomes (the first max_tokens tokens) are c
 chi-square (outcomes seen fewer than 10 times pooled); p at most 1e-3 fails. "Verified with q": proposals of the
 source verified in a step whose q went to the verifier (none: the source would test nothing, a failure). The
 negative control serves the same plan with a mismatched q (uniform at lookup slots, sharpened at DFlash slots): each
-drafting source must show p below 1e-3 there."""
+drafting source must show p below 1e-3 there. Every server runs with a step budget (`--max-num-batched-tokens`) that
+holds each request's prefill whole: stock vLLM 0.32 on CPU ends its engine on a seeded request whose prefill is
+chunked."""
 
 
 def _mib(b: Any) -> str:
