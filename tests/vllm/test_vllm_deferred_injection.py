@@ -127,9 +127,7 @@ def results(pair):
         "counted": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
                     "speculative_config": spec, "patch": COUNT, "after": COUNT_PROBE},
         "off_won": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
-                    "speculative_config": spec, "patch": OFF_WON, "after": COUNT_PROBE,
-                    # prefix caching keeps every row for a later request sharing the prefix (issue 51.12)
-                    "llm_kwargs": {"enable_prefix_caching": False}},
+                    "speculative_config": spec, "patch": OFF_WON, "after": COUNT_PROBE},  # prefix caching on
     }
     names = list(runs)
     return dict(zip(names, run_vllm([runs[n] for n in names])))
@@ -165,9 +163,9 @@ def test_prompt_lookup_only_keeps_no_context(results):
 
 
 def test_no_context_is_kept_where_no_speculation_won(results):
-    """With 'off' measured faster (the guard starts there and re-measures the plan after every window) and prefix
-    caching off (with it on every row is kept: test_vllm_prefix_context.py), the steps without speculation drop
-    their context rows; once the guard re-measures the plan, the request, whose draft context
+    """With 'off' measured faster (the guard starts there and re-measures the plan after every window), the steps
+    without speculation drop their context rows, with vLLM's prefix caching on (a later request whose prefix hit
+    covers a dropped block drafts without DFlash: test_vllm_prefix_context.py); once the guard re-measures the plan, the request, whose draft context
     now has holes, drafts by prompt lookup only (no DFlash or merged proposal), so no row is ever combined or
     injected. (Rows are held only while 'off' is re-measured after the plan won.) The default run on the same prompt
     proposes DFlash tokens (`counted`), so the source check can fail."""

@@ -30,7 +30,9 @@ DRAFTER_CONTRACTS: tuple[Contract, ...] = (
         "injection, integration/deferred_context.py, builds the same inputs itself after one injection of the held "
         "rows); "
         "`propose` has the signature of `SpecDecodeBaseProposer.propose`; `input_ids` is the draft's input buffer "
-        "(re-masked between denoising passes); `load_model(target_model)` gets the loaded target",
+        "(re-masked between denoising passes); `load_model(target_model)` gets the loaded target; `block_size` is "
+        "the draft KV cache's block size once vLLM set it (a slot is block id x block_size + offset: "
+        "integration/draft_cache_record.py)",
         methods=(Sig("__init__", ("vllm_config", "device", "runner"), exact=True),
                  Sig("set_inputs_first_pass", ("target_token_ids", "next_token_ids", "target_positions",
                                                "target_hidden_states", "token_indices_to_sample", "cad",
@@ -48,7 +50,7 @@ DRAFTER_CONTRACTS: tuple[Contract, ...] = (
                                  "num_rejected_tokens_gpu", "slot_mappings"), exact=True)),
         attrs=("vllm_config", "model", "input_ids", "parallel_drafting_token_id", "num_speculative_tokens",
                "_enable_probabilistic_draft_probs", "_last_draft_probs", "_dflash_num_context",
-               "_context_positions_buffer", "_context_slot_mapping_buffer"),
+               "_context_positions_buffer", "_context_slot_mapping_buffer", "block_size"),
         test="tests/vllm/test_vllm_drafter.py"),
     Contract(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM", "class", "integration/vllm_model.py",

@@ -99,9 +99,11 @@ class DFlashDrafter(DFlashProposer):
             from vllm_dflash.integration.deferred_context import DeferredContext
 
             self._deferred = DeferredContext()
-        # prefix caching: a later request that hits a cached block drafts against that block's draft K/V, so every
-        # context row is held for the next draft forward, never dropped (no drop_context, no lease release)
-        self._keep_context = bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
+        # prefix caching: a later request that hits a cached block drafts against that block's draft K/V, so the
+        # blocks some of whose rows were dropped are recorded (draft_cache_record.py; built at the first step, when
+        # vLLM has set the block size), and a request whose prefix hit covers one drafts without DFlash
+        self._prefix_caching = bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
+        self.cache_record: DraftCacheRecord | None = None
         # how this engine drafts (integration/drafting/), one strategy per mode
         strategy = OverlapDrafting if self.mode.overlap else AdaptiveDrafting if self.mode.adaptive else FixedBlock
         self.strategy = strategy(self, self.mode, device)
@@ -271,23 +273,35 @@ class DFlashDrafter(DFlashProposer):
         """Deferred injection, after the strategy: a step that ran no draft forward holds its context rows for the
         next one, unless no draft forward may read them (adaptive "ngram", or the plan dropped them), and only those
         of requests that still hold their draft context (`AdaptiveController.wants_context`)."""
-        if step.inputs is not None or self._context_unused or step.drop_context:
+        if self._context_unused:
             return
         m = step.num_context
+        slots = self._context_slot_mapping_buffer[:m]
+        record = self.cache_record
+        if step.inputs is not None or step.drop_context:  # injected with the draft forward, or dropped
+            if record is not None:
+                (record.dropped if step.drop_context else record.written)(slots)
+            return
         rows = self._wanted_rows(step.target_cad, m)
         hidden = step.hidden[:m]
         positions = self._context_positions_buffer[:m]
-        slots = self._context_slot_mapping_buffer[:m]
         if rows is None:
             self._defer(hidden, positions, slots)
-        elif rows:
-            idx = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-            self._defer(hidden[idx], positions[idx], slots[idx])
+            if record is not None:
+                record.written(slots)
+            return
+        keep = torch.zeros(m, dtype=torch.bool, device=hidden.device)
+        keep[rows] = True
+        if rows:
+            self._defer(hidden[keep], positions[keep], slots[keep])
+        if record is not None:
+            record.written(slots[keep])
+            record.dropped(slots[~keep])
 
     def _wanted_rows(self, cad, num_context: int) -> list[int] | None:
         """This step's context rows whose requests still hold their draft context (None: all of them; the common case,
         no request released its context)."""
-        if self._keep_context or not self.controller.stale:
+        if not self.controller.stale:
             return None
         B = cad.num_reqs
         qsl = cad.query_start_loc_cpu[: B + 1].tolist()

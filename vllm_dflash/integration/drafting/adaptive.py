@@ -18,6 +18,7 @@ from vllm.logger import init_logger
 
 from vllm_dflash.adaptive.controller import AdaptiveController
 from vllm_dflash.adaptive.cross_lookup import SALT_ATTR
+from vllm_dflash.integration.draft_cache_record import DraftCacheRecord
 from vllm_dflash.integration.drafting.block_sampling import hand_off_probs
 from vllm_dflash.integration.drafting.hints import hint_tokens, write_hints
 from vllm_dflash.integration.drafting.plan import DraftPlan, decode_rows
@@ -64,7 +65,7 @@ class AdaptiveDrafting:
         self.controller.skip_when_off = d._tp is None
         # the draft forward runs over the requests that use its tokens only (block_rows.py): it costs per such row
         self.controller.block_rows_only = d._deferred is not None and d.diffusion_steps == 1
-        if d._deferred is not None and not d._keep_context:  # where a plan can drop a step's context rows
+        if d._deferred is not None:  # where a plan can drop a step's context rows
             d.metrics.declare("context_dropped_steps")
         self._plan_diverged = False  # logged once per process
 
@@ -87,6 +88,12 @@ class AdaptiveDrafting:
         rows = decode_rows(batch, K, step.target_positions, step.next_token_ids, cad, step.num_rejected)
         B, qsl = cad.num_reqs, cad.query_start_loc_cpu
         fwd = self.forward_timer.take() if self.forward_timer is not None else None
+        if d._prefix_caching and d._deferred is not None:  # a new request whose cached prefix lacks draft K/V
+            if d.cache_record is None:
+                d.cache_record = DraftCacheRecord(d.block_size)
+            hit = d.cache_record.admit(batch.req_ids[:B], step.target_positions, qsl, cad.block_table_tensor)
+            if hit:
+                ctl.context_dropped(hit)
         # a sampled request's verification row, measured by the rejection sampler (patch cpu_sampled_verify)
         sampler = getattr(d._runner, "rejection_sampler", None)
         ctl.sampled_row_s = sampler.__dict__.get("_vllm_dflash_sampled_row_s", 0.0) if sampler else 0.0
@@ -94,9 +101,10 @@ class AdaptiveDrafting:
                         decode_only=rows.decode_only, extra_tokens=rows.prefill_tokens, forward_s=fwd,
                         sampled=self._sampled(rows.rows))
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)
-        if plan.drop_context and d._deferred is not None and not d._keep_context:
+        if plan.drop_context and d._deferred is not None:
             # no speculation won at this batch size: holding this step's rows (copy, fc, K/V write) would be the only
             # drafter work of the step. Drop them; the batch's requests are planned without DFlash tokens from now on
+            # (with prefix caching, so are later requests whose prefix hits one of these blocks: cache_record)
             step.drop_context = True
             ctl.context_dropped(batch.req_ids[:B])
             d.metrics.inc("context_dropped_steps")
