@@ -69,22 +69,23 @@ def _no_leaked_plugin_env():
     os.environ.update(before)
 
 
-# The longest test files, longest first (seconds per file on the AVX2-only EPYC, 3 workers, session 44: the TP tests
-# and test_vllm_patches about 340, the served, soak, compile-cache and engine tests 100-250 each). Under pytest-xdist a
-# file goes to one worker (scripts/test.sh: --dist loadfile --no-loadscope-reorder, so files are handed out in
-# collection order): started first, the long files run beside each other and the short ones fill the gaps. Handed out
-# last (xdist's default orders files by how many tests they hold, which put these few-test files at the end), one of
-# them ran alone on one worker for minutes.
+# The longest test files, longest first (seconds per file in CI, 3 workers on 2 cores: the mixed-source soak check
+# about 370, the TP tests, collection and test_vllm_patches 200-340, the served, soak, compile-cache and engine tests
+# 100-250 each). Under pytest-xdist a file goes to one worker (scripts/test.sh: --dist loadfile --no-loadscope-reorder,
+# so files are handed out in collection order): started first, the long files run beside each other and the short ones
+# fill the gaps. Handed out last (xdist's default orders files by how many tests they hold, which put these few-test
+# files at the end), one of them ran alone on one worker for minutes.
 LONGEST_FIRST = (
-    "vllm/test_tp.py", "vllm/test_vllm_patches.py", "vllm/test_vllm_serve.py", "e2e/test_soak.py",
-    "vllm/test_vllm_compile_cache.py", "vllm/test_vllm_drafter.py", "vllm/test_vllm_sampling.py",
-    "vllm/test_vllm_adaptive.py", "e2e/test_eval_cli.py", "vllm/test_vllm_gemm_f32.py", "e2e/test_collect.py",
-    "vllm/test_vllm_lora.py", "e2e/test_soak_features_served.py", "vllm/test_vllm_position_range.py",
-    "vllm/test_walls.py", "e2e/test_exactness_served.py", "vllm/test_vllm_profile.py", "vllm/test_vllm_hinted.py",
-    # added in session 46 (rough times on a loaded machine; re-rank from a clean run's --durations)
-    "vllm/test_vllm_sampling_mixed.py", "vllm/test_draft_layouts.py", "vllm/test_walls_one_process.py",
-    "e2e/test_wheel_install.py", "e2e/test_prometheus.py", "e2e/test_calibration_served.py",
-    "e2e/test_vllm_bench_serve.py",
+    # ranked from stop 65's CI run (--durations, 3 workers on 2 cores): a file's longest tests summed
+    "e2e/test_mixed_served.py", "vllm/test_tp.py", "e2e/test_collect.py", "vllm/test_vllm_patches.py",
+    "vllm/test_vllm_compile_cache.py", "e2e/test_calibration_served.py", "vllm/test_vllm_serve.py", "e2e/test_soak.py",
+    "vllm/test_vllm_drafter.py", "vllm/test_draft_layouts.py", "e2e/test_prometheus.py", "vllm/test_vllm_cpu_gemv.py",
+    "vllm/test_vllm_sampling_mixed.py", "e2e/test_wheel_install.py", "vllm/test_vllm_adaptive.py",
+    "vllm/test_vllm_position_range.py", "vllm/test_vllm_lora.py", "e2e/test_soak_features_served.py",
+    "e2e/test_vllm_bench_serve.py", "e2e/test_eval_cli.py", "vllm/test_vllm_gemm_f32.py",
+    "vllm/test_vllm_deferred_injection.py", "vllm/test_walls_one_process.py", "vllm/test_vllm_sampling.py",
+    "vllm/test_vllm_cross_lookup.py", "vllm/test_walls.py", "e2e/test_exactness_served.py", "vllm/test_vllm_profile.py",
+    "vllm/test_vllm_hinted.py",
 )
 
 
