@@ -526,7 +526,7 @@ def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
     c.observe_block(1, 0.03)
     seen = []
-    c.cost.observe = lambda n, dt, reqs=0, out=0: seen.append((n, round(dt, 6), reqs))
+    c.cost.observe = lambda n, dt, reqs=0, out=0, solve=True: seen.append((n, round(dt, 6), reqs))
     c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
     assert seen == [(8, 0.01, 1)] and c.block_cost.num_obs == 1
 
@@ -540,7 +540,7 @@ def test_injection_of_held_rows_stays_out_of_the_block_cost_fit():
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
     c.observe_block(1, 0.03, injection_s=0.025)
     seen = []
-    c.cost.observe = lambda n, dt, reqs=0, out=0: seen.append((n, round(dt, 6), reqs))
+    c.cost.observe = lambda n, dt, reqs=0, out=0, solve=True: seen.append((n, round(dt, 6), reqs))
     c.plan(["r"], [np.array([1, 2, 3, 4])], query_tokens=8, decode_only=True)
     assert fitted == [(1, 0.005)] and seen == [(8, 0.01, 1)]
 
@@ -562,6 +562,40 @@ def test_a_measured_off_arm_plans_nothing():
     plan = c.plan(ids, [hist] * 32, query_tokens=32, decode_only=True)
     assert calls == [] and plan.sources == ["none"] * 32 and not plan.needs_block
     assert c.propose(plan, None) == [[]] * 32
+
+
+def test_the_step_cost_fit_is_solved_only_when_a_plan_weighs_drafts():
+    """Each step's cost sample enters the fit at once, but the fit is solved (a few small solves in Python) only when
+    a plan weighs drafts: a step under a measured 'off' arm solves nothing; the next step that plans solves it for
+    every sample so far (the same fit as solving after each)."""
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    solves = []
+    solve = StepCostModel._solve
+    StepCostModel._solve = lambda self: (solves.append(1), solve(self))[1]
+    try:
+        ids, hist = [f"r{i}" for i in range(8)], np.array([3, 4, 5, 6, 3, 4, 5])
+        for _ in range(3):
+            c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
+        assert solves and c.cost.num_obs == 2
+        g = c.guards[c._bucket]
+        g.arm, g.rate["off"], g.rate["plan"] = "off", 12.0, 10.0
+        solves.clear()
+        for _ in range(4):
+            c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
+        assert solves == [] and c.cost.num_obs == 6  # observed, not solved
+        g.arm = "plan"
+        c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
+        assert len(solves) >= 1 and not c.cost._unsolved
+    finally:
+        StepCostModel._solve = solve
+    eager = StepCostModel(per_output=True)
+    lazy = StepCostModel(per_output=True)
+    for n, s in [(8, 0.05), (40, 0.08), (16, 0.06), (64, 0.11)]:
+        eager.observe(n, s, 8, 9)
+        lazy.observe(n, s, 8, 9, solve=False)
+    assert lazy.beta == StepCostModel(per_output=True).beta  # the prior until solved
+    lazy.refresh()
+    assert (lazy.alpha, lazy.beta, lazy.delta, lazy.gamma) == (eager.alpha, eager.beta, eager.delta, eager.gamma)
 
 
 def _plan_lengths_loop(gains, cost, extra_tokens=0):

@@ -55,14 +55,18 @@ class StepCostModel:
         self._ridge = self.prior_weight * np.array([1.0] + [16.0 ** 2] * (p - 1))  # [p] diagonal
         self._xtx = np.zeros((p, p))  # weighted sum of x x^T, x = [1, n, B(, m)]
         self._xty = np.zeros(p)  # weighted sum of x * t
+        self._unsolved = False  # observations since the last solve (`refresh`)
         # the sets of free slopes tried when the unconstrained fit has a negative one: all of them first, then
         # every smaller subset (alpha is always free)
         slopes = range(1, p)
         self._subsets = [(0,) + c for r in range(p - 1, -1, -1) for c in itertools.combinations(slopes, r)]
 
-    def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0, out_tokens: int = 0) -> None:
+    def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0, out_tokens: int = 0,
+                solve: bool = True) -> None:
         """One step: n_tokens query tokens, num_reqs requests, out_tokens tokens it produced (used with
-        `per_output`), `seconds` long."""
+        `per_output`), `seconds` long. solve=False: the fit's parameters keep their values until `refresh` or the
+        next 16th observation (a caller that reads them only now and then skips most solves; the clipping of outliers
+        uses them as they are)."""
         if seconds <= 0 or n_tokens <= 0:
             return
         if self.num_obs >= self.warmup:
@@ -71,6 +75,15 @@ class StepCostModel:
         self._xtx = self._xtx * self.forget + np.outer(x, x)
         self._xty = self._xty * self.forget + x * seconds
         self.num_obs += 1
+        self._unsolved = True
+        if solve or self.num_obs % 16 == 0:  # unsolved: still every 16th, so the clipping's fit stays current
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Solve the fit for the observations so far, if any came since the last solve."""
+        if not self._unsolved:
+            return
+        self._unsolved = False
         th = self._solve()
         self.alpha, self.beta, self.delta = th[0], th[1], th[2]
         if self.per_output:
@@ -132,12 +145,16 @@ class SplitStepCost:
         self.host = StepCostModel(alpha=0.005, beta=0.0005, per_output=True)
 
     def observe(self, n_tokens: int, seconds: float, num_reqs: int = 0, out_tokens: int = 0,
-                forward_s: float | None = None) -> None:
+                forward_s: float | None = None, solve: bool = True) -> None:
         """One step (as `StepCostModel.observe`) of which `forward_s` seconds were the target forward."""
         if forward_s is None or forward_s <= 0 or seconds <= forward_s or num_reqs <= 0:
             return
-        self.forward.observe(n_tokens, forward_s)
-        self.host.observe(num_reqs, seconds - forward_s, 0, out_tokens)
+        self.forward.observe(n_tokens, forward_s, solve=solve)
+        self.host.observe(num_reqs, seconds - forward_s, 0, out_tokens, solve=solve)
+
+    def refresh(self) -> None:
+        self.forward.refresh()
+        self.host.refresh()
 
     @property
     def num_obs(self) -> int:
