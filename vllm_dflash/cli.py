@@ -348,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(s)
     s.set_defaults(fn=cmd_bench)
 
-    parser("soak", "the soak test, the served feature check and the calibration check of sampled output: "
-           "`vllm-dflash soak [--quick] [--preempt] [--features-check] [--calibration] ...` (its own flags: "
+    parser("soak", "the soak test, the served feature check and the checks of sampled output (calibration, mixed "
+           "proposal sources): `vllm-dflash soak [--quick] [--preempt] [--features-check] [--calibration] "
+           "[--mixed-check] ...` (its own flags: "
            "`vllm-dflash soak --help`; docs/RELIABILITY.md)")
     return p
 

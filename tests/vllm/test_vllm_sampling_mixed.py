@@ -18,6 +18,8 @@ import torch
 from support.stats import chi2_two_sample_pvalue
 from support.vllm_helpers import run_vllm
 
+from vllm_dflash.bench.soak.mixed_plan import MISMATCHED_Q as MIXED_CHECK_CONTROL
+
 pytestmark = pytest.mark.vllm
 GROUPS = ("dflash", "merged", "own", "cross", "none", "greedy")  # by order of arrival % 6
 PER_GROUP = 700
@@ -87,25 +89,15 @@ if not getattr(C, "_test_patched", False):  # the runs share a process: patch on
         return out
     A.AdaptiveDrafting._propose = _counted
 """
-# Fault injection (negative control): the verifier is told a q other than the one each token was drawn from --
-# uniform over the draft vocabulary at lookup / padding slots (a deterministic token: its q is one-hot; told uniform,
-# the verifier accepts the proposal almost always), sharpened (q^16, renormalised) at sampled DFlash slots.
-MISMATCHED_Q = """
-import torch
+# Fault injection (negative control): the soak's mismatched q (vllm_dflash/bench/soak/mixed_plan.py) -- the verifier
+# is told uniform over the draft vocabulary at lookup / padding slots (a deterministic token: its q is one-hot; told
+# uniform, the verifier accepts the proposal almost always), q^16 renormalised at sampled DFlash slots. Run once per
+# process (the runs share one).
+MISMATCHED_Q = f"""
 from vllm_dflash.integration import draft_probs as D
 if not getattr(D, "_test_mismatched", False):
     D._test_mismatched = True
-    build = D.DraftProbs.build
-    def mismatched(self, B, q_cells, q, hot_cells=None, hot_tokens=None):
-        if q is not None:
-            q = q ** 16
-            q = q / q.sum(-1, keepdim=True)
-        if hot_cells is not None and hot_cells.numel():
-            flat = torch.full((hot_cells.numel(), self.draft_ids.numel()), 1.0 / self.draft_ids.numel())
-            q_cells = hot_cells if q_cells is None else torch.cat([q_cells, hot_cells])
-            q = flat if q is None else torch.cat([q, flat.to(q)])
-        return build(self, B, q_cells, q)
-    D.DraftProbs.build = mismatched
+    exec(compile({MIXED_CHECK_CONTROL!r}, "<mismatched q>", "exec"), {{"__name__": "_test_mismatched"}})
 """
 PROBE = "from vllm_dflash.adaptive import controller as C; probe.update(C._test)"
 

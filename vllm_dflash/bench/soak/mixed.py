@@ -390,13 +390,7 @@ def run_phase(a, target: Path, draft: Path, log_dir: Path) -> dict[str, Any]:
 
 def mixed_main(a, target: Path, draft: Path) -> int:
     """--mixed-check: the check alone; JSON to a.out."""
-    import json
+    from vllm_dflash.bench.soak.verdict import report_check
 
     res = run_phase(a, target, draft, Path(a.log).parent)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    print(render_mixed([res]))
-    for c in res["checks"]:
-        print(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
-    print(f"mixed check: {'PASSED' if res['passed'] else 'FAILED'} in {res['meta']['wall_s']} s; JSON: {a.out}")
-    return 0 if res["passed"] else 1
+    return report_check(res, a.out, "mixed check", render_mixed([res]))

@@ -14,7 +14,8 @@ keyed by request id instead of order of arrival.
 
 MISMATCHED_Q (the negative control, in the q hand-off's module): the verifier is told a q other than the one each
 token was drawn from: uniform over the draft vocabulary at lookup / padding slots (a deterministic token: its q is
-one-hot; told uniform, the verifier accepts it almost always), sharpened (q^16, renormalised) at DFlash slots."""
+one-hot; told uniform, the verifier accepts it almost always), sharpened (q^16, renormalised) at DFlash slots.
+The in-process test runs this same control."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -63,6 +63,7 @@ from vllm_dflash.bench.soak.phases import metric_delta  # noqa: F401 (re-exporte
 from vllm_dflash.bench.soak.plan import (FULL, QUICK, Req, Sizes, build_round, feature_cases, fit_timeouts,
                                          greedy_cases, load_prompts, near_limit_case, too_long_text)
 from vllm_dflash.bench.soak.render import render_markdown
+from vllm_dflash.bench.soak.verdict import report_check
 from vllm_dflash.utils import HelpFormatter
 
 OUT_DEFAULT = "bench-results/soak-{mode}.json"  # under the current directory; {mode}: quick | full
@@ -295,13 +296,7 @@ def calibration_main(a: argparse.Namespace) -> int:
     res = run_calibration_check(target, draft, a.calibration_configs.split(","), a.dtype, a.calibration_requests,
                                 a.calibration_max_tokens, a.concurrency or 8, Path(a.log).parent, a.max_model_len,
                                 a.seed, env=env, temperature=a.calibration_temperature)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    print(render_calibration([res]))
-    for c in res["checks"]:
-        print(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
-    print(f"calibration check: {'PASSED' if res['passed'] else 'FAILED'} in {res['meta']['wall_s']} s; JSON: {a.out}")
-    return 0 if res["passed"] else 1
+    return report_check(res, a.out, "calibration check", render_calibration([res]))
 
 
 def build_parser(out_default: str = OUT_DEFAULT, log_default: str = LOG_DEFAULT,
