@@ -1,5 +1,6 @@
 # dev experiment: every adaptive guard pinned to 'off' (no speculation, nothing planned) in a served engine
-# served A/B: vllm-dflash bench --configs none,none+extras,ours,ours#off --env "ours#off:PYTHONPATH=dev/pinoff" (absolute path)
+# served A/B: vllm-dflash bench --configs none,none+extras,ours,ours#off \
+#   --env "ours#off:PYTHONPATH=<absolute path of dev/pinoff>"
 try:
     from vllm_dflash.adaptive import guard as _G
     _init = _G.SpeculationGuard.__init__
