@@ -75,6 +75,9 @@ PROVENANCE: dict[str, dict[str, str]] = {
     "bench_v41_xeon_open_categories": {"machine": "xeon-bf16"},
     "bench_v40_xeon_open_t10": {"machine": "xeon-bf16"},
     "bench_v40_xeon_open_t07_c32": {"machine": "xeon-bf16"},
+    "bench_v48_epyc_bf16_open_t0": {"machine": "epyc-bf16"},
+    "ab_v48_epyc_bf16_pinoff_c32_t0": {"machine": "epyc-bf16"},
+    "ab_v48_epyc_bf16_pinoff_c32_t0_r12": {"machine": "epyc-bf16"},
     "bench_v47_epyc_bf16_open_t0_c32": {"machine": "epyc-bf16"},
     "bench_v47_epyc_bf16_open_t07_c1c32": {"machine": "epyc-bf16"},
     "bench_v47_epyc_bf16_open_t0": {"machine": "epyc-bf16"},
@@ -141,8 +144,9 @@ PROVENANCE: dict[str, dict[str, str]] = {
 LATEST: dict[str, str] = {
     "bench_v47_epyc_bf16_open_t0": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
                                     "avx512_bf16 (bf16), greedy, concurrency 1 / 8 / 32"),
-    "bench_v47_epyc_bf16_open_t0_c32": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
-                                        "avx512_bf16 (bf16), greedy, concurrency 32 in three rounds"),
+    "ab_v48_epyc_bf16_pinoff_c32_t0_r12": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
+                                           "avx512_bf16 (bf16), greedy, concurrency 32 in twelve rounds, with "
+                                           "speculation pinned off"),
     "bench_v47_epyc_bf16_open_t07": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
                                      "avx512_bf16 (bf16), temperature 0.7, concurrency 1 / 8 / 32"),
     "bench_v47_epyc_bf16_open_t07_c1c32": ("Open-ended chat against stock vLLM and `none+extras`, AMD EPYC with "
@@ -181,12 +185,22 @@ LATEST: dict[str, str] = {
 CATEGORY_TABLES = {"bench_v41_xeon_open_categories"}
 
 # Order of the sections in the history; result files not listed here are appended in name order (serving JSON only).
-ORDER = ["bench_v47_epyc_bf16_open_t0", "bench_v47_epyc_bf16_open_t0_c32", "bench_v47_epyc_bf16_open_t07", "bench_v47_epyc_bf16_open_t07_c1c32", "bench_v47_epyc_bf16_math_t0", "ab_v47_epyc_bf16_pinoff_c8_t07", "bench_v46_epyc_bf16_c8", "cost_model_epyc_bf16", "bench_v45_avx2_c8_fixed", "ab_v43_avx2_idle_spec_t07", "bench_v43_avx2_stock", "bench_v43_avx2_open_t10", "bench_v43_avx2_open_t07", "bench_v43_avx2_open_t0", "bench_v41_xeon_open_categories", "bench_v41_xeon_open_t07", "bench_v41_xeon_cross2", "bench_v41_xeon_cross", "bench_v40_xeon_open_t07_c32", "bench_v40_xeon_open_t10", "bench_v40_xeon_open_t0", "bench_v38_xeon_stock_t07", "bench_v38_xeon_stock", "ab_gemm_prefetch_avx2", "step_ops_avx2", "ab_merged_he_c8_avx2", "bench_v34_avx2", "ab_argmax_slots_avx2", "bench_v33_avx2", "bench_v32_avx2", "bench_v31_avx2", "ab_c32_he_avx2", "bench_v30_avx2", "bench_v29_avx2", "waves_c32_avx2", "ab_guard_margin", "bench_v28_avx2", "eval_humaneval164_v4", "eval_humaneval164_v3_avx2", "eval_chat_v4", "eval_chat_v3_avx2", "ab_guard_threshold", "bench_v27_avx2_c32", "bench_v27_avx2", "ab_gemm_f32", "gemm_f32", "bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
+ORDER = ["ab_v48_epyc_bf16_pinoff_c32_t0_r12", "ab_v48_epyc_bf16_pinoff_c32_t0", "bench_v48_epyc_bf16_open_t0", "bench_v47_epyc_bf16_open_t0", "bench_v47_epyc_bf16_open_t0_c32", "bench_v47_epyc_bf16_open_t07", "bench_v47_epyc_bf16_open_t07_c1c32", "bench_v47_epyc_bf16_math_t0", "ab_v47_epyc_bf16_pinoff_c8_t07", "bench_v46_epyc_bf16_c8", "cost_model_epyc_bf16", "bench_v45_avx2_c8_fixed", "ab_v43_avx2_idle_spec_t07", "bench_v43_avx2_stock", "bench_v43_avx2_open_t10", "bench_v43_avx2_open_t07", "bench_v43_avx2_open_t0", "bench_v41_xeon_open_categories", "bench_v41_xeon_open_t07", "bench_v41_xeon_cross2", "bench_v41_xeon_cross", "bench_v40_xeon_open_t07_c32", "bench_v40_xeon_open_t10", "bench_v40_xeon_open_t0", "bench_v38_xeon_stock_t07", "bench_v38_xeon_stock", "ab_gemm_prefetch_avx2", "step_ops_avx2", "ab_merged_he_c8_avx2", "bench_v34_avx2", "ab_argmax_slots_avx2", "bench_v33_avx2", "bench_v32_avx2", "bench_v31_avx2", "ab_c32_he_avx2", "bench_v30_avx2", "bench_v29_avx2", "waves_c32_avx2", "ab_guard_margin", "bench_v28_avx2", "eval_humaneval164_v4", "eval_humaneval164_v3_avx2", "eval_chat_v4", "eval_chat_v3_avx2", "ab_guard_threshold", "bench_v27_avx2_c32", "bench_v27_avx2", "ab_gemm_f32", "gemm_f32", "bench_v26_avx2", "bench_v25_c32", "bench_v25", "ab_cache", "bench_v24_c32", "bench_v24", "bench_v23_c32", "bench_v23", "bench_v22_c32", "bench_v22", "bench_v21_c32", "bench_v20_c1", "bench_v20_c8c32", "bench_v19", "bench_v19_layout", "bench_v18_c8", "bench_v18_c32", "bench_v18", "bench_v17_epyc_c32", "bench_v17_epyc", "bench_v16_c8", "bench_v16", "bench_v15_overlap_c1", "bench_v15_c32", "bench_v15", "step_ops", "bench_v14", "merged_c32_recheck", "bench_v13", "bench_v12_c32", "bench_v12", "bench_v11_c32", "bench_v11", "bench_v10", "bench_v9", "bench_v8", "bench_v8_c32", "spec_overhead_c32", "bench_v7", "bench_v6", "bench_v6_c8c32", "hinted_vllm", "bench_v5", "bench_v4", "step_cost", "bench_v3", "bench_merged", "bench_serving", "bench_adaptive_overlap", "eval_humaneval164_v3",
          "eval_humaneval164", "kv_injection",
          "draft_depth", "train_throughput_xeon", "planner_cost", "profile_train_step", "gemv_vllm", "gemv_ab_off", "gemv_ab_auto", "gemv", "soak", "bench_serving_quick"]
 
 # Section titles of the serving benchmarks (others: "Serving benchmark <stem>").
 SERVING_TITLES: dict[str, str] = {
+    "ab_v48_epyc_bf16_pinoff_c32_t0_r12": ("What the speculative engine costs at concurrency 32: open chat, greedy, "
+                                           "384 prompts in twelve interleaved rounds, our default against "
+                                           "`ours#off` (every adaptive guard pinned to 'off' by dev/pinoff on "
+                                           "PYTHONPATH), `none+extras` and stock vLLM, context rows dropped with "
+                                           "prefix caching on (session 48), AMD EPYC with avx512_bf16 (no AMX), bf16"),
+    "ab_v48_epyc_bf16_pinoff_c32_t0": ("The same A/B in three rounds of 64 prompts (session 48), AMD EPYC with "
+                                       "avx512_bf16 (no AMX), bf16"),
+    "bench_v48_epyc_bf16_open_t0": ("Open-ended chat, greedy, concurrency 8 / 32 in three interleaved rounds, our "
+                                    "default (context rows dropped with prefix caching on) against stock vLLM and "
+                                    "`none+extras` (session 48), AMD EPYC with avx512_bf16 (no AMX), bf16"),
     "bench_v47_epyc_bf16_open_t0_c32": ("Open-ended chat, greedy, concurrency 32, 192 prompts in three interleaved "
                                         "rounds, our default against stock vLLM and `none+extras` (session 47), AMD "
                                         "EPYC with avx512_bf16 (no AMX), bf16"),
