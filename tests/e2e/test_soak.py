@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_dflash.bench.soak.plan import TIMEOUT_FLOOR_S, TIMEOUT_SHARE, TIMEOUT_TOKENS
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -39,7 +41,8 @@ def test_soak_quick(pair, tmp_path):
     # 1.2-2.6 s against the planned 2-5 s)
     meta = res["meta"]
     assert meta["alone_fastest_tok_s"] > 0
-    assert meta["timeout_cap_s"] == pytest.approx(max(0.1, 0.25 * 1024 / meta["alone_fastest_tok_s"]), rel=0.01)
+    assert meta["timeout_cap_s"] == pytest.approx(max(TIMEOUT_FLOOR_S, TIMEOUT_SHARE * TIMEOUT_TOKENS
+                                                      / meta["alone_fastest_tok_s"]), rel=0.01, abs=0.005)  # 2 decimals
 
 
 @pytest.mark.vllm

@@ -217,7 +217,8 @@ def test_timeouts_fit_the_models_speed():
     """A timeout request's client gives up within a quarter of the time its max_tokens take at the fastest rate
     measured alone: on a fast model (1,000 tokens a second: 1,024 tokens in about 1 s) the planned 2-5 s would let
     the request finish as the client gives up. Slow models keep the planned timeout; other requests are untouched."""
-    from vllm_dflash.bench.soak.plan import QUICK, TIMEOUT_TOKENS, build_round, fit_timeouts, load_prompts
+    from vllm_dflash.bench.soak.plan import (QUICK, TIMEOUT_FLOOR_S, TIMEOUT_SHARE, TIMEOUT_TOKENS, build_round,
+                                             fit_timeouts, load_prompts)
 
     reqs = build_round(load_prompts(QUICK.max_prompt_chars), [], QUICK, 0, "x" * 100)
     alone = [_outcome("a", completion_tokens=100, latency_s=0.1), _outcome("b", completion_tokens=12, latency_s=0.5),
@@ -226,11 +227,11 @@ def test_timeouts_fit_the_models_speed():
     rate = soak_report.fastest_tok_s(alone)
     assert rate == 1000.0  # the 2-token and the failed request do not count
     fast, cap = fit_timeouts(reqs, rate)
-    assert cap == round(0.25 * TIMEOUT_TOKENS / 1000.0, 2)
+    assert cap == max(TIMEOUT_FLOOR_S, round(TIMEOUT_SHARE * TIMEOUT_TOKENS / 1000.0, 2))
     timeouts = [r for r in fast if r.kind == "timeout"]
     assert timeouts and all(r.client_timeout == cap for r in timeouts)
     assert [r for r in fast if r.kind != "timeout"] == [r for r in reqs if r.kind != "timeout"]
-    slow, _ = fit_timeouts(reqs, 20.0)  # 1,024 tokens take 51 s: the planned 2-5 s stand
+    slow, _ = fit_timeouts(reqs, 5.0)  # 1,024 tokens take 205 s (a cap of 10 s): the planned 2-5 s stand
     assert slow == reqs
     assert fit_timeouts(reqs, 1e9)[1] == 0.1  # the floor
     assert fit_timeouts(reqs, 0.0) == (reqs, None)  # nothing answered alone: as planned, no cap

@@ -52,8 +52,10 @@ PRESSURE_TOKENS = 96  # --preempt: output tokens of each pressure request (build
 TIMEOUT_TOKENS = 1024  # max_tokens of a timeout request (EOS ignored)
 # fit_timeouts: a timeout request's client gives up within this share of the time the server needs to generate its
 # TIMEOUT_TOKENS; the floor keeps it above a connection's set-up (a request given up before the engine saw it is
-# accounted as such, report.account)
-TIMEOUT_SHARE, TIMEOUT_FLOOR_S = 0.25, 0.1
+# accounted as such, report.account). The speed alone errs slow, and by more than prefill: on the tiny test pair,
+# measured while the adaptive drafter was cold, 211 tok/s, and a timeout request then finished its 1,024 tokens
+# under load inside a cap of 0.25 x that time (1.21 s; a fresh-clone run, session 48): no abort, counted lost
+TIMEOUT_SHARE, TIMEOUT_FLOOR_S = 0.05, 0.1
 
 MALFORMED = ["too_long_prompt", "negative_max_tokens", "huge_max_tokens", "bad_temperature", "bad_top_p",
              "unknown_model", "broken_json"]

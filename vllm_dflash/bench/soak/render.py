@@ -20,7 +20,7 @@ greedy case per request feature (logprobs with top_logprobs, prompt_logprobs, pr
 repetition_penalty, a json_schema response format, a regex, min_tokens; a LoRA adapter unless `--no-lora`), and sampled
 requests with penalties or logprobs; clients
 that disconnect mid-stream; requests abandoned by a client timeout (a run that records `timeout_cap_s` caps it at a
-quarter of the time their 1,024 tokens take at the fastest rate measured alone, so a fast model cannot finish them
+twentieth of the time their 1,024 tokens take at the fastest rate measured alone, so a fast model cannot finish them
 first); malformed requests (prompt longer than the
 context, `max_tokens` negative or above the context, negative temperature, top-p above 1, unknown model, broken JSON
 body). The greedy cases (one of them fills the context exactly: prompt + max_tokens = max_model_len) first run
