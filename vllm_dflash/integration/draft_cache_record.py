@@ -20,8 +20,9 @@ slots, so a request whose prefix hit covers such a block must not draft DFlash t
   prefix is incomplete.
 
 No block is kept while no row was ever dropped: `written` returns at once on an empty set, and `admit` only keeps
-the batch's request ids (to tell new requests), so an engine whose plans never drop rows pays a set of B ids a step. Losslessness does not depend on the record (the target
-verifies every draft); acceptance does: a draft attending to another request's K/V proposes noise.
+the batch's request ids (to tell new requests), so an engine whose plans never drop rows pays a set of B ids a
+step. Losslessness does not depend on the record (the target verifies every draft); acceptance does: a draft
+attending to another request's K/V proposes noise.
 """
 from __future__ import annotations
 
