@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import importlib.machinery
 import importlib.metadata as md
 import importlib.util
 import os
@@ -58,7 +59,14 @@ def _version(dist: str) -> str | None:
 
 
 def _find_spec(module: str) -> importlib.machinery.ModuleSpec | None:
+    """The module's spec without importing it, None when it is absent.
+
+    'pip' is looked up on sys.path only: asked through sys.meta_path, setuptools' distutils shim takes a question about
+    pip to mean "pip is running" and turns its override off for the life of the process, so a later `import setuptools`
+    (torch.utils.cpp_extension, which vLLM imports) fails setuptools' own assertion."""
     try:
+        if module == "pip":
+            return importlib.machinery.PathFinder.find_spec(module)
         return importlib.util.find_spec(module)
     except (ImportError, ValueError):  # a parent package that fails, or a broken __spec__
         return None

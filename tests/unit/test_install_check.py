@@ -225,3 +225,16 @@ def test_command_on_this_machine():
 def test_setup_sh_runs_the_check():
     setup_sh = (ROOT / "scripts" / "setup.sh").read_text()
     assert "vllm-dflash\" check-install" in setup_sh
+
+
+def test_asking_for_pip_leaves_setuptools_importable():
+    """check-install asks whether pip is installed. Asked through sys.meta_path, setuptools' distutils shim takes that
+    question to mean pip is running and turns its override off for the process, so a later `import setuptools` (vLLM
+    imports torch.utils.cpp_extension, which imports it) fails setuptools' own assertion: a whole CI run lost its
+    vLLM tests to it after this unit test ran first in a worker. Fresh interpreter, as a user's process would be."""
+    code = ("from vllm_dflash import install_check as ic\n"
+            "assert ic._find_spec('pip') is not None, 'pip not found'\n"
+            "import setuptools, distutils.core\n"
+            "assert '_distutils' in distutils.core.__file__, distutils.core.__file__\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
