@@ -566,8 +566,9 @@ def test_a_measured_off_arm_plans_nothing():
 
 def test_the_step_cost_fit_is_solved_only_when_a_plan_weighs_drafts():
     """Each step's cost sample enters the fit at once, but the fit is solved (a few small solves in Python) only when
-    a plan weighs drafts: a step under a measured 'off' arm solves nothing; the next step that plans solves it for
-    every sample so far (the same fit as solving after each)."""
+    a plan weighs drafts while it is young (under 32 samples), and every 16th sample: a step under a measured 'off'
+    arm solves nothing; the next step that plans solves it for every sample so far (the same fit as solving after
+    each); past 32 samples a plan solves nothing."""
     c = AdaptiveController(4, mode="both", clock=_Clock())
     solves = []
     solve = StepCostModel._solve
@@ -585,7 +586,12 @@ def test_the_step_cost_fit_is_solved_only_when_a_plan_weighs_drafts():
         assert solves == [] and c.cost.num_obs == 6  # observed, not solved
         g.arm = "plan"
         c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
-        assert len(solves) >= 1 and not c.cost._unsolved
+        assert len(solves) >= 1 and not c.cost._unsolved  # a young fit: solved when a plan weighs drafts
+        for _ in range(41):  # past 32 samples: solved every 16th sample (48 here), not at each plan
+            c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
+        solves.clear()
+        c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
+        assert c.cost.num_obs > 32 and solves == [] and c.cost._unsolved
     finally:
         StepCostModel._solve = solve
     eager = StepCostModel(per_output=True)

@@ -199,7 +199,8 @@ class AdaptiveController:
         cost of the whole step, paid once if any request verifies a DFlash token: the best plan with the block is
         weighed against the best plan from prompt lookup alone, each with its full cost.
         -> (sources, lengths, forecast)."""
-        self.cost.refresh()
+        if self.cost.num_obs < 32:  # a young fit moves fast; later, `observe` solves every 16th sample (0.2-0.3 ms)
+            self.cost.refresh()
         B = len(req_ids)
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
         table = self._gain_table(req_ids, m)
