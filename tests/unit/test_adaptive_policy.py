@@ -587,7 +587,7 @@ def test_the_step_cost_fit_is_solved_only_when_a_plan_weighs_drafts():
         g.arm = "plan"
         c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
         assert len(solves) >= 1 and not c.cost._unsolved  # a young fit: solved when a plan weighs drafts
-        for _ in range(41):  # past 32 samples: solved every 16th sample (48 here), not at each plan
+        for _ in range(41):  # past YOUNG_FIT (32) samples: solved every 16th sample (48 here), not at each plan
             c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)
         solves.clear()
         c.plan(ids, [hist] * 8, query_tokens=8, decode_only=True)

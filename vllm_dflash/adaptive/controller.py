@@ -38,7 +38,7 @@ from vllm_dflash.adaptive.guard import SURE_SPEEDUP, SpeculationGuard, batch_buc
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import declare_metrics, plan_lengths, predicted_speedup, publish_plan
 from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
-from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel
+from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel, refresh_young
 from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, lookup_slots, uses_block  # noqa: F401 (re-exported)
 from vllm_dflash.adaptive.trace import open_trace
 
@@ -199,8 +199,7 @@ class AdaptiveController:
         cost of the whole step, paid once if any request verifies a DFlash token: the best plan with the block is
         weighed against the best plan from prompt lookup alone, each with its full cost.
         -> (sources, lengths, forecast)."""
-        if self.cost.num_obs < 32:  # a young fit moves fast; later, `observe` solves every 16th sample (0.2-0.3 ms)
-            self.cost.refresh()
+        refresh_young(self.cost)  # a young fit is solved here; an older one by `observe`, every 16th sample
         B = len(req_ids)
         m = np.fromiter((len(t) for t in lookups), dtype=np.int64, count=B)  # [B] lookup tokens per request
         table = self._gain_table(req_ids, m)

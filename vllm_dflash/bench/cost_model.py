@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel
+from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel, refresh_young
 from vllm_dflash.adaptive.trace import read_trace
 from vllm_dflash.utils import cpu_class, cpu_kind
 
@@ -81,14 +81,14 @@ def replay(records: list[dict], warmup: int = 8) -> tuple[list[dict], float]:
                 steps.append({"B": B, "n": n, "out": out, "dt": dt, "fwd": fwd, "pred": pred, "beta": b, "idx": idx,
                               "pred_fwd": model.forward(n) if split and fwd is not None else None})
             # as the controller: each sample enters unsolved (solved every 16th); a plan that weighs drafts (not
-            # skipped under a measured 'off') solves a young fit (under 32 samples)
+            # skipped under a measured 'off') solves a young fit (`refresh_young`)
             if split:
                 model.observe(n, dt, B, out, fwd, solve=False)
             else:
                 model.observe(n, dt, B, out, solve=False)
             idx += 1
-        if not (r.get("arm") == "off" and r.get("off_rate") is not None) and model.num_obs < 32:
-            model.refresh()
+        if not (r.get("arm") == "off" and r.get("off_rate") is not None):
+            refresh_young(model)
         prev = r.get("cost", prev)
     return steps, diff
 
