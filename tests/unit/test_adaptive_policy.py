@@ -308,6 +308,24 @@ def test_controller_obeys_the_guard():
     assert not d.plan(["r"], [no_match], query_tokens=1, decode_only=True).needs_block  # the guard wins
 
 
+def test_a_measured_off_step_reads_no_history():
+    """Where 'off' was measured faster, a step plans nothing, so it reads none of the histories (the drafter's are
+    lazy copies: none is made); the plan's starts still come from their lengths."""
+    class Unread(list):
+        lengths = [7]
+
+        def __getitem__(self, i):
+            raise AssertionError("a history was read")
+
+        def __iter__(self):
+            raise AssertionError("the histories were iterated")
+
+    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c.guard.arm, c.guard.rate["off"] = "off", 10.0
+    plan = c.plan(["r"], Unread([None]), query_tokens=1, decode_only=True)
+    assert plan.ks == [0] and plan.starts == [7] and c.propose(plan, None) == [[]]
+
+
 def test_guard_compares_each_window_with_both_of_its_flanks():
     """The plan is 20 % faster throughout, but the machine speeds up while the guard measures: the plan's first
     window (1.38 tokens/s) is slower than the 'off' window after it (1.55). Judged against the mean of the plan

@@ -86,3 +86,17 @@ def test_decode_rows_reads_committed_histories():
     rows = decode_rows(batch, K, positions, torch.tensor([30, 31, 32]), cad, torch.tensor([1, 0, 0]))
     assert rows.req_ids == ("a", "b") and rows.rows == (0, 1) and not rows.decode_only and rows.prefill_tokens == 3
     assert rows.histories[0].tolist() == [1, 2, 3, 4, 9, 30] and rows.histories[1].tolist() == [5, 6, 7, 8, 31]
+
+
+def test_decode_rows_copies_a_history_only_when_read():
+    """The histories are copied out of the batch on first access (a step that plans nothing reads none): lengths
+    are known without a copy, a read copies that row only, and the copy is the committed tokens plus the bonus."""
+    tokens = np.arange(40, dtype=np.int64).reshape(2, 20)
+    batch = SimpleNamespace(req_ids=["a", "b"], num_prompt_tokens=np.array([3, 3]), token_ids_cpu=tokens)
+    cad = SimpleNamespace(num_reqs=2, query_start_loc_cpu=torch.tensor([0, 1, 2]))
+    rows = decode_rows(batch, 2, torch.tensor([5, 7]), torch.tensor([90, 91]), cad, None)
+    h = rows.histories
+    assert len(h) == 2 and h.lengths == [7, 9] and h._built == [None, None]
+    assert h[1].tolist() == list(range(20, 28)) + [91] and h._built[0] is None
+    tokens[1, :] = -1  # the batch's buffer moves on: a history already read keeps its tokens
+    assert h[1][0] == 20 and h[1:] == [h[1]]

@@ -27,7 +27,8 @@ forward (`StepPlan.encode` / `StepPlan.adopt`; integration/tp_plan.py `sync_plan
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,7 @@ from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import declare_metrics, plan_lengths, predicted_speedup, publish_plan
 from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
 from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel, refresh_young
-from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, lookup_slots, uses_block  # noqa: F401 (re-exported)
+from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, history_lengths, lookup_slots, uses_block  # noqa: F401 (re-exported)
 from vllm_dflash.adaptive.trace import open_trace
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
@@ -119,7 +120,7 @@ class AdaptiveController:
         return guard_for(self.guards, self._bucket, self.guard_threshold, self.guard_margin, self.guard_confirm)
 
     # ------------------------------------------------------------------ synchronous scheduling
-    def plan(self, req_ids: list[str], histories: list[np.ndarray], query_tokens: int, decode_only: bool,
+    def plan(self, req_ids: list[str], histories: Sequence[np.ndarray], query_tokens: int, decode_only: bool,
              extra_tokens: int = 0, forward_s: float | None = None, sampled: list[bool] | None = None) -> StepPlan:
         """Sources and lengths of this step, before the draft forward.
 
@@ -161,7 +162,7 @@ class AdaptiveController:
             # measured: no speculation is faster here (or being re-measured). The forecast only steers the guard
             # before 'off' was measured, so nothing is planned: no lookups, no planning cost at any batch size.
             empty = np.zeros(0, dtype=np.int64)
-            plan = StepPlan(list(req_ids), [len(h) for h in histories], [empty] * B, ["none"] * B, [0] * B,
+            plan = StepPlan(list(req_ids), history_lengths(histories), [empty] * B, ["none"] * B, [0] * B,
                             drop_context=self.guard.best == "off")
         else:
             lookups = [self._lookup(r, h) for r, h in zip(req_ids, histories)]
@@ -169,7 +170,7 @@ class AdaptiveController:
             self.guard.predict(forecast)
             if self.guard.arm == "off":  # 'off' being measured for the first time
                 sources, ks = ["none"] * B, [0] * B
-            plan = StepPlan(list(req_ids), [len(h) for h in histories], lookups, sources, ks)
+            plan = StepPlan(list(req_ids), history_lengths(histories), lookups, sources, ks)
         if self.trace is not None:
             self._trace_step(plan, query_tokens, produced, dt, block_s, forward_s, decode_only, extra_tokens,
                              self.clock() - now)
@@ -277,18 +278,23 @@ class AdaptiveController:
         only right when `plan.needs_block` is False)."""
         assert block is not None or not plan.needs_block, "the plan verifies DFlash tokens: draft the block"
         out: list[list[int]] = []
+        proposals, drafted = Counter(), Counter()  # counted once per source and step (a call a request: 0.1 ms, c32)
+        pending = self._pending
         for i, (rid, src, k) in enumerate(zip(plan.req_ids, plan.sources, plan.ks)):
             if k == 0:
-                self._pending.pop(rid, None)
+                pending.pop(rid, None)
                 out.append([])
-                self._count("proposals", source="none")
+                proposals["none"] += 1
                 continue
             toks = proposal_tokens(src, plan.lookups[i], block[i] if block is not None else None, self.k_max)[:k]
-            self._pending[rid] = _Pending(plan.starts[i], toks.copy(), src, lookup_slots(src, plan.lookups[i], k),
-                                          rid in self._from_cross)
+            pending[rid] = _Pending(plan.starts[i], toks.copy(), src, lookup_slots(src, plan.lookups[i], k),
+                                    rid in self._from_cross)
             out.append([int(t) for t in toks])
-            self._count("proposals", source=src)
-            self._count("drafted_tokens", k, source=src)
+            proposals[src] += 1
+            drafted[src] += k
+        for name, by_source in (("proposals", proposals), ("drafted_tokens", drafted)):
+            for src, n in by_source.items():
+                self._count(name, n, source=src)
         self._renew_leases(plan)
         publish_plan(self.metrics, plan.ks, self.cost, self.guard)
         return out
@@ -395,7 +401,6 @@ class AdaptiveController:
             return None
         return np.fromiter((r not in self._stale for r in req_ids), dtype=bool, count=len(req_ids))
 
-
     def _prune(self, req_ids: list[str]) -> None:
         """Every 64 steps: drop the state of requests that left the batch (finished, aborted, preempted). Every
         step, their cross-lookup documents are marked finished (evicted first: `CrossRequestIndex.finish`)."""
@@ -408,22 +413,26 @@ class AdaptiveController:
                      | set(self._idle))
             self.finished(known - set(req_ids))
 
-    def _score_previous(self, req_ids: list[str], histories: list[np.ndarray]) -> int:
+    def _score_previous(self, req_ids: list[str], histories: Sequence[np.ndarray]) -> int:
         """Score each request's previous proposal; returns the accepted draft tokens of the step just verified."""
-        total = 0
-        for rid, hist in zip(req_ids, histories):
+        if not self._pending:
+            return 0
+        accepted_by = Counter()  # counted once per source and step
+        for j, rid in enumerate(req_ids):
             p = self._pending.pop(rid, None)
-            if p is None or len(hist) <= p.start:
-                continue  # not verified since (e.g. preempted): no outcome
+            hist = histories[j] if p is not None else None  # built only here (a lazy `Histories`)
+            if hist is None or len(hist) <= p.start:
+                continue  # no proposal, or not verified since (e.g. preempted): no outcome
             seen = hist[p.start: p.start + len(p.tokens)]
             m = min(len(seen), len(p.tokens))
             eq = seen[:m] == p.tokens[:m]
             accepted = int(m if eq.all() else np.argmin(eq))
             accepted = min(accepted, len(hist) - p.start - 1)  # the last history token is the bonus, not a draft
             self._observe(rid, p, len(p.tokens), accepted)
-            self._count("accepted_tokens", accepted, source=p.source)
-            total += accepted
-        return total
+            accepted_by[p.source] += accepted
+        for src, n in accepted_by.items():
+            self._count("accepted_tokens", n, source=src)
+        return sum(accepted_by.values())
 
     def _observe(self, rid: str, p: _Pending, drafted: int, accepted: int) -> None:
         """A verified proposal into the acceptance model: a merged one's lookup slots as prompt lookup, its block

@@ -115,8 +115,11 @@ def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: Speculation
     current step-cost fit and the guard's measured rates. Shared by the drafter's and the scheduler's planners."""
     if metrics is None:
         return
+    lengths: dict[int, int] = {}  # one histogram call per distinct length (one a request: 0.07 ms a step at c32)
     for k in ks:
-        metrics.observe("draft_tokens_per_request", float(k))
+        lengths[k] = lengths.get(k, 0) + 1
+    for k, n in lengths.items():
+        metrics.observe("draft_tokens_per_request", float(k), n)
     metrics.set("cost_fixed_seconds", cost.alpha)
     metrics.set("cost_per_token_seconds", cost.beta)
     metrics.set("cost_per_request_seconds", cost.delta)

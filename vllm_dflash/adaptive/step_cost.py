@@ -56,8 +56,9 @@ class StepCostModel:
         p = self._p = 4 if self.per_output else 3  # parameters fitted: (alpha, beta, delta[, gamma])
         self._theta0 = np.array([self.alpha, self.beta, self.delta, self.gamma][:p])  # [p] the prior
         self._ridge = self.prior_weight * np.array([1.0] + [16.0 ** 2] * (p - 1))  # [p] diagonal
-        self._xtx = np.zeros((p, p))  # weighted sum of x x^T, x = [1, n, B(, m)]
-        self._xty = np.zeros(p)  # weighted sum of x * t
+        # Python floats, not numpy: `observe` runs after every step, where numpy's per-call overhead was most of it
+        self._xtx = [[0.0] * p for _ in range(p)]  # [p][p] weighted sum of x x^T, x = [1, n, B(, m)]
+        self._xty = [0.0] * p  # [p] weighted sum of x * t
         self._unsolved = False  # observations since the last solve (`refresh`)
         # the sets of free slopes tried when the unconstrained fit has a negative one: all of them first, then
         # every smaller subset (alpha is always free)
@@ -74,9 +75,13 @@ class StepCostModel:
             return
         if self.num_obs >= self.warmup:
             seconds = min(seconds, self.max_ratio * self(n_tokens, num_reqs, out_tokens))
-        x = np.array([1.0, float(n_tokens), float(num_reqs), float(out_tokens)][: self._p])
-        self._xtx = self._xtx * self.forget + np.outer(x, x)
-        self._xty = self._xty * self.forget + x * seconds
+        x = (1.0, float(n_tokens), float(num_reqs), float(out_tokens))[: self._p]
+        f, xtx, xty = self.forget, self._xtx, self._xty
+        for i, xi in enumerate(x):
+            row = xtx[i]
+            for j, xj in enumerate(x):
+                row[j] = row[j] * f + xi * xj
+            xty[i] = xty[i] * f + xi * seconds
         self.num_obs += 1
         self._unsolved = True
         if solve or self.num_obs % SOLVE_EVERY == 0:  # unsolved: still every 16th, so the clipping's fit stays current
@@ -101,10 +106,10 @@ class StepCostModel:
         a step at concurrency 1 on a 2-core Xeon (0.13 ms now); the arithmetic itself is a few dozen flops."""
         p = self._p
         ridge = [r * max(self.forget ** self.num_obs, self.ridge_floor) for r in self._ridge.tolist()]
-        A = self._xtx.tolist()  # [p][p]
+        A = [row[:] for row in self._xtx]  # [p][p]
         for i in range(p):
             A[i][i] += ridge[i]
-        y = [v + r * t for v, r, t in zip(self._xty.tolist(), ridge, self._theta0.tolist())]
+        y = [v + r * t for v, r, t in zip(self._xty, ridge, self._theta0.tolist())]
         best, best_obj = None, float("inf")
         for free in self._subsets:
             sol = _solve_spd([[A[i][j] for j in free] for i in free], [y[i] for i in free])

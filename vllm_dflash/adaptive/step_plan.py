@@ -11,6 +11,12 @@ import numpy as np
 PLAN_SOURCES = ("none", "dflash", "ngram", "merged")  # StepPlan.encode: a source's code is its index here
 
 
+def history_lengths(histories) -> list[int]:
+    """len() of every history, without building a lazy one (`Histories.lengths`, integration/drafting/plan.py)."""
+    lengths = getattr(histories, "lengths", None)
+    return list(lengths) if lengths is not None else [len(h) for h in histories]
+
+
 @dataclass
 class StepPlan:
     """One step's decisions, made before the draft forward. Per request: its prompt-lookup continuation, the chosen

@@ -97,7 +97,7 @@ class AdaptiveDrafting:
         # a sampled request's verification row, measured by the rejection sampler (patch cpu_sampled_verify)
         sampler = getattr(d._runner, "rejection_sampler", None)
         ctl.sampled_row_s = sampler.__dict__.get("_vllm_dflash_sampled_row_s", 0.0) if sampler else 0.0
-        plan = ctl.plan(list(rows.req_ids), list(rows.histories), query_tokens=int(qsl[B]),
+        plan = ctl.plan(list(rows.req_ids), rows.histories, query_tokens=int(qsl[B]),
                         decode_only=rows.decode_only, extra_tokens=rows.prefill_tokens, forward_s=fwd,
                         sampled=self._sampled(rows.rows))
         plan = self._sync(plan)  # TP > 1: rank 0's decisions on every rank (its wall clock decided them)

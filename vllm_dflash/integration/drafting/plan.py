@@ -6,9 +6,39 @@ scheduling, `decode_rows`). `DraftPlan`: the controller's plan (adaptive/control
 what rows draft how many tokens from which source, and which block slots of the DFlash block each row verifies."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+
+class Histories(Sequence):
+    """The committed histories of a step's decoding requests, each copied out of the input batch on first access
+    (cached): a step whose plan reads none of them (the guard's measured 'off', nothing pending) copies none.
+    `lengths[j]`: len(self[j]) without building it. Read inside the drafter's call only: the input batch's token
+    buffer changes after it."""
+
+    __slots__ = ("_tokens", "_rows", "_ends", "_bonus", "_built", "lengths")
+
+    def __init__(self, tokens: np.ndarray, rows: list[int], ends: list[int], bonus: list[int]):
+        self._tokens, self._rows, self._ends, self._bonus = tokens, rows, ends, bonus  # ends[j]: p + 1
+        self._built: list[np.ndarray | None] = [None] * len(rows)
+        self.lengths = [e + 1 for e in ends]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(len(self))[j]]
+        h = self._built[j]
+        if h is None:  # [p + 2]: token_ids_cpu[i, :p + 1] + [bonus]
+            e = self._ends[j]
+            h = np.empty(e + 1, dtype=np.int64)
+            h[:e] = self._tokens[self._rows[j], :e]
+            h[e] = self._bonus[self._rows[j]]
+            self._built[j] = h
+        return h
 
 
 @dataclass(frozen=True)
@@ -17,7 +47,7 @@ class DecodeRows:
     in the step; prefill_tokens: the query tokens of the prefill chunks in it."""
 
     req_ids: tuple[str, ...]
-    histories: tuple[np.ndarray, ...]
+    histories: Sequence[np.ndarray]  # `Histories` (built on access)
     rows: tuple[int, ...]
     decode_only: bool
     prefill_tokens: int
@@ -34,25 +64,24 @@ def decode_rows(batch, K: int, target_positions, next_token_ids, cad, num_reject
     rej = num_rejected.tolist() if num_rejected is not None else [0] * B
     pos = target_positions.tolist() if target_positions.dim() == 1 else target_positions[0].tolist()
     bonus = next_token_ids.tolist()
-    req_ids, hists, rows, decode_only, prefill_tokens = [], [], [], True, 0
+    req_ids, ends, rows, decode_only, prefill_tokens = [], [], [], True, 0
+    ids, prompt_lens = batch.req_ids, batch.num_prompt_tokens[:B].tolist()
     for i in range(B):
         qlen = qsl[i + 1] - qsl[i]
         end = qsl[i + 1] - int(rej[i])
         if qlen <= 0 or end <= qsl[i]:
             continue
         p = int(pos[end - 1])
-        if p + 1 < int(batch.num_prompt_tokens[i]):
+        if p + 1 < prompt_lens[i]:
             decode_only = False  # partial prefill: no draft (the scheduler ignores it anyway)
             prefill_tokens += qlen  # its next chunk will likely share the next step: a cost the plan sees
             continue
         decode_only &= qlen <= K + 1
-        hist = np.empty(p + 2, dtype=np.int64)
-        hist[: p + 1] = batch.token_ids_cpu[i, : p + 1]
-        hist[p + 1] = bonus[i]
-        req_ids.append(batch.req_ids[i])
-        hists.append(hist)
+        req_ids.append(ids[i])
+        ends.append(p + 1)
         rows.append(i)
-    return DecodeRows(tuple(req_ids), tuple(hists), tuple(rows), decode_only, prefill_tokens)
+    return DecodeRows(tuple(req_ids), Histories(batch.token_ids_cpu, rows, ends, bonus), tuple(rows), decode_only,
+                      prefill_tokens)
 
 
 @dataclass(frozen=True)
