@@ -36,12 +36,13 @@ import numpy as np
 from vllm_dflash.adaptive.acceptance import AcceptanceModel
 from vllm_dflash.adaptive.cross_lookup import ONE_TENANT, CrossRequestIndex
 from vllm_dflash.adaptive.guard import SURE_SPEEDUP, SpeculationGuard, batch_bucket, guard_for
+from vllm_dflash.adaptive.idle_plans import IdlePlanBackoff
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import declare_metrics, plan_lengths, predicted_speedup, publish_plan
 from vllm_dflash.adaptive.sources import choose, gain_table, merge, proposal_tokens  # noqa: F401 (merge: re-exported)
 from vllm_dflash.adaptive.step_cost import SplitStepCost, StepCostModel, refresh_young
 from vllm_dflash.adaptive.step_plan import PLAN_SOURCES, StepPlan, history_lengths, lookup_slots, uses_block  # noqa: F401 (re-exported)
-from vllm_dflash.adaptive.trace import open_trace
+from vllm_dflash.adaptive.trace import open_trace, trace_step
 
 MODES = ("both", "dflash", "ngram", "merged")  # both: choose among dflash, ngram and merged per request-step
 
@@ -111,6 +112,7 @@ class AdaptiveController:
         self._idle: dict[str, int] = {}  # decode steps since the request last verified a DFlash token
         self._row_s: float | None = None  # EMA of the injection's seconds per context row
         self._step_rows = 0  # query tokens (= context rows) of the step just verified
+        self.idle_plans = IdlePlanBackoff()  # buckets whose plans keep drafting nothing plan every 4th step
         self.trace = open_trace()  # DFLASH_TRACE: one record per step (adaptive/trace.py), else None
         declare_metrics(metrics, mode, k_max, cross=self.cross is not None, lease=self.lease_steps > 0)
 
@@ -158,41 +160,29 @@ class AdaptiveController:
         self._prune(req_ids)
 
         B = len(req_ids)
-        if self.skip_when_off and self.guard.arm == "off" and self.guard.rate["off"] is not None:
+        # a bucket whose recent plans drafted nothing plans every few steps only (`IdlePlanBackoff`; not on a TP
+        # follower rank, which keeps its lookups for rank 0's plan)
+        idle_skip = self.skip_when_off and self.guard.arm == "plan" and self.idle_plans.skip(self._bucket)
+        skip = idle_skip or self.skip_when_off and self.guard.arm == "off" and self.guard.rate["off"] is not None
+        if skip:
             # measured: no speculation is faster here (or being re-measured). The forecast only steers the guard
             # before 'off' was measured, so nothing is planned: no lookups, no planning cost at any batch size.
             empty = np.zeros(0, dtype=np.int64)
             plan = StepPlan(list(req_ids), history_lengths(histories), [empty] * B, ["none"] * B, [0] * B,
-                            drop_context=self.guard.best == "off")
+                            drop_context=not idle_skip and self.guard.best == "off")
         else:
             lookups = [self._lookup(r, h) for r, h in zip(req_ids, histories)]
             sources, ks, forecast = self._best_plan(req_ids, lookups, extra_tokens)
             self.guard.predict(forecast)
+            self.idle_plans.planned(self._bucket, drafted=sum(ks) > 0)
             if self.guard.arm == "off":  # 'off' being measured for the first time
                 sources, ks = ["none"] * B, [0] * B
             plan = StepPlan(list(req_ids), history_lengths(histories), lookups, sources, ks)
         if self.trace is not None:
-            self._trace_step(plan, query_tokens, produced, dt, block_s, forward_s, decode_only, extra_tokens,
-                             self.clock() - now)
+            trace_step(self, plan, q=query_tokens, out=produced, dt=dt, fwd=forward_s, blk=block_s,
+                       plan_s=self.clock() - now, decode=decode_only, extra=extra_tokens, planned=not skip,
+                       idle_skip=idle_skip)
         return plan
-
-    def _trace_step(self, plan: StepPlan, query_tokens: int, produced: int, dt: float | None, block_s: float,
-                    forward_s: float | None, decode_only: bool, extra_tokens: int, plan_s: float) -> None:
-        """One `trace` record: the step just verified (its query and produced tokens, its cost sample dt, its target
-        forward and the draft forward's time in it), this step's decision (guard arm and rates, forecast, sources,
-        lengths) and `plan_s`, the planning time."""
-        g = self.guard
-        by_source: dict[str, int] = {}
-        for s, k in zip(plan.sources, plan.ks):
-            if k > 0:
-                by_source[s] = by_source.get(s, 0) + 1
-        self.trace.record(
-            B=len(plan.req_ids), q=query_tokens, out=produced, dt=dt, fwd=forward_s, blk=block_s, plan_s=plan_s,
-            decode=decode_only, extra=extra_tokens, bucket=self._bucket, arm=g.arm, best=g.best,
-            plan_rate=g.rate["plan"], off_rate=g.rate["off"], forecast=g.forecast,
-            matched=int(sum(len(t) > 0 for t in plan.lookups)), drafted=int(sum(plan.ks)), sources=by_source,
-            block=plan.needs_block,
-            cost=[self.cost.alpha, self.cost.beta, self.cost.delta, self.cost.gamma])
 
     def _best_plan(self, req_ids: list[str], lookups: list[np.ndarray],
                    extra_tokens: int) -> tuple[list[str], list[int], float]:

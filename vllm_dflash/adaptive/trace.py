@@ -86,3 +86,21 @@ def read_trace(path) -> list[dict]:
     """Every record of a trace file, in order."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def trace_step(ctl, plan, **step) -> None:
+    """One record of an `AdaptiveController`'s `trace`: the step just verified and this step's plan (`step`: query
+    and produced tokens q / out, the cost sample dt, the target forward fwd and the draft forward's time blk in it,
+    decode, extra prefill tokens, the planning time plan_s, planned: the plan weighed drafts (not skipped under a
+    measured 'off' or by `IdlePlanBackoff`, idle_skip)), the
+    decision (guard arm and rates, forecast, sources, lengths) and the step-cost fit."""
+    g = ctl.guard
+    by_source: dict[str, int] = {}
+    for s, k in zip(plan.sources, plan.ks):
+        if k > 0:
+            by_source[s] = by_source.get(s, 0) + 1
+    ctl.trace.record(
+        B=len(plan.req_ids), **step, bucket=ctl._bucket, arm=g.arm, best=g.best, plan_rate=g.rate["plan"],
+        off_rate=g.rate["off"], forecast=g.forecast, matched=int(sum(len(t) > 0 for t in plan.lookups)),
+        drafted=int(sum(plan.ks)), sources=by_source, block=plan.needs_block,
+        cost=[ctl.cost.alpha, ctl.cost.beta, ctl.cost.delta, ctl.cost.gamma])

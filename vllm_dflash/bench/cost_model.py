@@ -80,14 +80,17 @@ def replay(records: list[dict], warmup: int = 8) -> tuple[list[dict], float]:
             if idx >= warmup:
                 steps.append({"B": B, "n": n, "out": out, "dt": dt, "fwd": fwd, "pred": pred, "beta": b, "idx": idx,
                               "pred_fwd": model.forward(n) if split and fwd is not None else None})
-            # as the controller: each sample enters unsolved (solved every 16th); a plan that weighs drafts (not
-            # skipped under a measured 'off') solves a young fit (`refresh_young`)
+            # as the controller: each sample enters unsolved (solved every 16th); a plan that weighs drafts (trace
+            # field `planned`) solves a young fit (`refresh_young`)
             if split:
                 model.observe(n, dt, B, out, fwd, solve=False)
             else:
                 model.observe(n, dt, B, out, solve=False)
             idx += 1
-        if not (r.get("arm") == "off" and r.get("off_rate") is not None):
+        planned = r.get("planned")
+        if planned is None:  # a trace from before the field: only a measured 'off' skipped the plan then
+            planned = not (r.get("arm") == "off" and r.get("off_rate") is not None)
+        if planned:
             refresh_young(model)
         prev = r.get("cost", prev)
     return steps, diff
