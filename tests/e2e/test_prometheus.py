@@ -206,15 +206,19 @@ def prometheus_binary():
 
 def test_documented_queries_in_a_real_prometheus(prometheus_binary, pair, tmp_path):
     queries = documented_queries()
-    port = free_port()
-    prom = _Prometheus(tmp_path, port)
+    # the server picks its port (again if another process takes it first: `Server.start`); Prometheus scrapes it
     srv = Server(str(pair / "target"), speculative_config={"method": "dflash", "model": str(pair / "draft-b8")},
-                 port=port, log_path=str(tmp_path / "serve.log"), max_model_len=1024, dtype="float32",
+                 log_path=str(tmp_path / "serve.log"), max_model_len=1024, dtype="float32",
                  env={"OMP_NUM_THREADS": "1"})
+    prom = None
     try:
         t_start = time.time()
-        prom.wait_ready()
         srv.start(timeout=400)
+        prom = _Prometheus(tmp_path, srv.port)
+        prom.wait_ready()
+        deadline = time.time() + 60  # a few scrapes of the idle server first (the checks below read idle windows)
+        while len(prom.scrapes()) < 3 and time.time() < deadline:
+            time.sleep(0.5)
         t_up = time.time()
         _declared_before_the_first_request(srv)
         _load(srv, _prompts(4, seed=1))  # warm-up: outside the measured window
@@ -274,4 +278,5 @@ def test_documented_queries_in_a_real_prometheus(prometheus_binary, pair, tmp_pa
             assert sorted(v for _, v in got) == pytest.approx(sorted(v for _, v in results[doc])), title
     finally:
         srv.stop()
-        prom.stop()
+        if prom is not None:
+            prom.stop()

@@ -82,9 +82,26 @@ class Server:
         return cmd + list(self.extra_args)
 
     def start(self, timeout: float = 300.0) -> "Server":
-        """Launch the server and wait until /health answers (`launch` then `wait_ready`)."""
+        """Launch the server and wait until /health answers (`launch` then `wait_ready`). A port this class picked
+        (`port` 0) that another process bound before vLLM did (`free_port` releases it) is picked again, once:
+        the server's log says so (`log_path` set)."""
+        picked = not self.port
         self.launch()
-        return self.wait_ready(timeout)
+        try:
+            return self.wait_ready(timeout)
+        except RuntimeError:
+            if not (picked and self._port_was_taken()):
+                raise
+            self.port = 0
+            self.launch()
+            return self.wait_ready(timeout)
+
+    def _port_was_taken(self) -> bool:
+        """Did the last start-up fail because its port was in use (from the server's log)?"""
+        try:
+            return "Address already in use" in Path(self.log_path).read_text(errors="replace")[-4000:]
+        except (OSError, TypeError):
+            return False
 
     def launch(self) -> "Server":
         """Start `vllm serve` in its own process group and return at once (`ready()` / `wait_ready()` follow)."""
