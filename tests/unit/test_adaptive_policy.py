@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
+from support.clock import StepClock
 from vllm_dflash.adaptive.controller import AdaptiveController, StepPlan, merge
 from vllm_dflash.adaptive.ngram import prompt_lookup
 from vllm_dflash.adaptive.policy import (AcceptanceModel, SpeculationGuard, StepCostModel, cumulative_acceptance,
@@ -217,15 +218,6 @@ def test_reexploration_keeps_one_idle_step_unfaded():
     assert np.allclose(a.req["r"]["dflash"][1], own_att * a.request_decay + 1.0)
 
 
-class _Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 0.04
-        return self.t
-
-
 class _Counts(dict):
     """A metrics sink that keeps the counters, one labelled by source under `<name>_<source>` (proposals_ngram)."""
 
@@ -256,7 +248,7 @@ def test_controller_prefers_the_source_that_gets_accepted():
     """A request whose text repeats: prompt lookup is right, the DFlash block is wrong -> n-gram wins, and the
     acceptance counters say so."""
     counts = _Counts()
-    c = AdaptiveController(4, metrics=counts, clock=_Clock())
+    c = AdaptiveController(4, metrics=counts, clock=StepClock())
     text = [3, 4, 5, 6, 7, 8, 9, 10] * 60
     hist = np.array(text[:17])
     for _ in range(60):
@@ -277,7 +269,7 @@ def test_controller_modes_and_errors():
     with pytest.raises(ValueError, match="adaptive mode"):
         AdaptiveController(4, mode="medusa")
     for mode, block in [("ngram", False), ("dflash", True), ("merged", True), ("both", True)]:
-        c = AdaptiveController(4, mode=mode, clock=_Clock())
+        c = AdaptiveController(4, mode=mode, clock=StepClock())
         # no prompt-lookup match: the block is needed wherever DFlash is a source
         assert c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True).needs_block is block, mode
 
@@ -298,11 +290,11 @@ def test_guard_turns_speculation_off_when_it_is_slower():
 
 
 def test_controller_obeys_the_guard():
-    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    c = AdaptiveController(4, mode="ngram", clock=StepClock())
     c.guard.arm = "off"
     plan = c.plan(["r"], [np.array([3, 4, 5, 6, 3, 4, 5])], query_tokens=1, decode_only=True)
     assert not plan.needs_block and c.propose(plan, None) == [[]]
-    d = AdaptiveController(4, mode="both", clock=_Clock())
+    d = AdaptiveController(4, mode="both", clock=StepClock())
     d.guard.arm = "off"
     no_match = np.array([1, 2, 3])
     assert not d.plan(["r"], [no_match], query_tokens=1, decode_only=True).needs_block  # the guard wins
@@ -320,7 +312,7 @@ def test_a_measured_off_step_reads_no_history():
         def __iter__(self):
             raise AssertionError("the histories were iterated")
 
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     c.guard.arm, c.guard.rate["off"] = "off", 10.0
     plan = c.plan(["r"], Unread([None]), query_tokens=1, decode_only=True)
     assert plan.ks == [0] and plan.starts == [7] and c.propose(plan, None) == [[]]
@@ -375,7 +367,7 @@ def test_controller_keeps_a_guard_per_batch_size():
     from vllm_dflash.adaptive.policy import batch_bucket
 
     assert [batch_bucket(n) for n in (1, 2, 3, 4, 7, 8, 31, 32)] == [0, 1, 1, 2, 2, 3, 4, 5]
-    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    c = AdaptiveController(4, mode="ngram", clock=StepClock())
     c.guards[batch_bucket(32)] = SpeculationGuard()
     c.guards[batch_bucket(32)].arm = "off"  # at batch 32 speculation was measured slower
     hist = np.array([3, 4, 5, 6, 3, 4, 5])
@@ -399,7 +391,7 @@ def test_controller_merges_short_lookups_and_scores_each_part_as_its_source():
     be accepted); one with a full lookup gets the lookup; one without a match the block. A merged proposal's outcome
     scores its lookup slots as prompt lookup and its block slots as 'merged', and only slots the target reached."""
     counts = _Counts()
-    c = AdaptiveController(4, mode="both", metrics=counts, clock=_Clock())
+    c = AdaptiveController(4, mode="both", metrics=counts, clock=StepClock())
     c.cost.alpha, c.cost.beta = 0.03, 0.0  # verification is free: every request drafts its whole proposal
     short = np.array([1, 2, 3, 1, 2])  # [1, 2] -> [3, 1, 2]: 3 of 4 slots
     full = np.array([5, 6, 7, 8, 9, 10, 5, 6])  # [5, 6] -> [7, 8, 9, 10]
@@ -419,7 +411,7 @@ def test_controller_merges_short_lookups_and_scores_each_part_as_its_source():
     assert np.array_equal(c.acceptance.att["dflash"], att["dflash"])
 
     # the whole lookup accepted and the block's slot 4 too: lookup slots 1-3 to ngram, slot 4 to merged
-    c2 = AdaptiveController(4, mode="both", clock=_Clock())
+    c2 = AdaptiveController(4, mode="both", clock=StepClock())
     c2.cost.alpha, c2.cost.beta = 0.03, 0.0
     plan = c2.plan(["s"], [short], query_tokens=1, decode_only=True)
     assert plan.sources == ["merged"]
@@ -435,7 +427,7 @@ def test_controller_merges_short_lookups_and_scores_each_part_as_its_source():
 def test_merged_proposal_is_valued_by_the_lookup_rates_in_its_lookup_slots():
     """A request whose lookups keep being accepted and whose block tails keep being rejected: the merged candidate
     is worth its lookup part (never less than the bare lookup) and the planner stops paying for the tail."""
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     for _ in range(200):
         c.acceptance.observe("r", "ngram", 2, 2)
         c.acceptance.observe("r", "merged", 4, 2, start=2)  # every tail slot rejected
@@ -445,7 +437,7 @@ def test_merged_proposal_is_valued_by_the_lookup_rates_in_its_lookup_slots():
 
 
 def test_merged_mode_always_merges():
-    c = AdaptiveController(4, mode="merged", clock=_Clock())
+    c = AdaptiveController(4, mode="merged", clock=StepClock())
     c.cost.alpha, c.cost.beta = 0.03, 0.0
     block = np.array([[40, 41, 42, 43], [50, 51, 52, 53]])
     plan = c.plan(["f", "n"], [np.array([5, 6, 7, 8, 9, 10, 5, 6]), np.array([11, 12, 13])], query_tokens=2,
@@ -459,7 +451,7 @@ def test_merged_mode_always_merges():
 def test_draft_forward_follows_this_steps_lookup():
     """The draft forward runs exactly in the steps whose plan verifies a DFlash token, whatever the previous step
     chose (no probing schedule): a full lookup for everyone -> none; a request without a match -> one."""
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     c.cost.alpha, c.cost.beta = 0.03, 0.0
     full = np.array([5, 6, 7, 8, 9, 10, 5, 6])
     block = np.full((2, 4), 99)
@@ -527,11 +519,11 @@ def test_the_draft_forward_is_weighed_as_a_cost_of_the_whole_step():
     DFlash block; when the forward costs more than it brings, the plan takes prompt lookup alone and the forward
     does not run."""
     match, nomatch = np.array([3, 4, 5, 6, 3, 4, 5]), np.array([1, 2, 3])
-    cheap = AdaptiveController(4, mode="both", clock=_Clock())
+    cheap = AdaptiveController(4, mode="both", clock=StepClock())
     cheap.block_cost = StepCostModel(alpha=0.0, beta=0.0)
     plan = cheap.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
     assert plan.needs_block and plan.ks[1] > 0 and plan.sources[1] in ("dflash", "merged")
-    dear = AdaptiveController(4, mode="both", clock=_Clock())
+    dear = AdaptiveController(4, mode="both", clock=StepClock())
     dear.block_cost = StepCostModel(alpha=1.0, beta=0.0)  # a 1 s draft forward next to a 30 ms step
     plan = dear.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
     assert not plan.needs_block and plan.sources[0] == "ngram" and plan.ks[0] > 0 and plan.ks[1] == 0
@@ -540,7 +532,7 @@ def test_the_draft_forward_is_weighed_as_a_cost_of_the_whole_step():
 def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
     """observe_block feeds the block's own cost model and is taken out of the next step-cost sample (the clock ticks
     40 ms per call; a 30 ms forward leaves 10 ms for the step)."""
-    c = AdaptiveController(4, mode="dflash", clock=_Clock())
+    c = AdaptiveController(4, mode="dflash", clock=StepClock())
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
     c.observe_block(1, 0.03)
     seen = []
@@ -552,7 +544,7 @@ def test_draft_forward_time_is_fitted_apart_from_the_step_cost():
 def test_injection_of_held_rows_stays_out_of_the_block_cost_fit():
     """The held context rows a draft forward injects first leave the step's cost sample with the forward, but the
     block's cost model sees the forward alone: its fit gets 30 - 25 = 5 ms, the step sample 40 - 30 = 10 ms."""
-    c = AdaptiveController(4, mode="dflash", clock=_Clock())
+    c = AdaptiveController(4, mode="dflash", clock=StepClock())
     fitted = []
     c.block_cost.observe = lambda rows, dt: fitted.append((rows, round(dt, 6)))
     c.plan(["r"], [np.array([1, 2, 3])], query_tokens=1, decode_only=True)
@@ -566,7 +558,7 @@ def test_injection_of_held_rows_stays_out_of_the_block_cost_fit():
 def test_a_measured_off_arm_plans_nothing():
     """Once 'off' was measured faster for this batch size, a step does no prompt lookup and no planning: the host
     work of a non-speculating step does not grow with the batch."""
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     calls = []
     orig = c._lookup
     c._lookup = lambda r, h: (calls.append(1), orig(r, h))[1]
@@ -587,7 +579,7 @@ def test_the_step_cost_fit_is_solved_only_when_a_plan_weighs_drafts():
     a plan weighs drafts while it is young (under 32 samples), and every 16th sample: a step under a measured 'off'
     arm solves nothing; the next step that plans solves it for every sample so far (the same fit as solving after
     each); past 32 samples a plan solves nothing."""
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     solves = []
     solve = StepCostModel._solve
     StepCostModel._solve = lambda self: (solves.append(1), solve(self))[1]
@@ -685,7 +677,7 @@ def test_batched_source_choice_equals_one_request_at_a_time(mode):
     length, with and without the draft forward."""
     rng = np.random.default_rng(1)
     K = 5
-    c = AdaptiveController(K, mode=mode, clock=_Clock())
+    c = AdaptiveController(K, mode=mode, clock=StepClock())
     ids = [f"r{i}" for i in range(24)]
     for _ in range(300):
         rid = ids[int(rng.integers(0, 20))]  # r20..r23 never observed: global rates only
@@ -708,7 +700,7 @@ def test_a_request_whose_context_was_dropped_drafts_without_dflash():
     re-measured). A request marked by `context_dropped` is then planned from prompt lookup alone: DFlash and
     full-length merged proposals need its whole draft context. Another request keeps every source, and a finished
     request's mark goes with it."""
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     match, nomatch = np.array([3, 4, 5, 6, 3, 4, 5]), np.array([1, 2, 3])
     c.plan(["a", "b"], [match, nomatch], query_tokens=2, decode_only=True)
     g = c.guards[c._bucket]
@@ -730,7 +722,7 @@ def test_a_request_whose_context_was_dropped_drafts_without_dflash():
 def test_a_stale_request_in_merged_mode_keeps_its_lookup_tokens():
     """adaptive "merged": a request whose context was dropped still verifies its prompt-lookup tokens (the merged
     proposal cut to the lookup's length), and the step needs no draft forward for it."""
-    c = AdaptiveController(4, mode="merged", clock=_Clock())
+    c = AdaptiveController(4, mode="merged", clock=StepClock())
     match = np.array([3, 4, 5, 6, 3, 4, 5])
     c.context_dropped(["a"])
     plan = c.plan(["a"], [match], query_tokens=1, decode_only=True)
@@ -741,7 +733,7 @@ def test_a_dropped_request_that_left_is_forgotten():
     """A request marked by `context_dropped` that never proposed (speculation was off all its life) holds no
     acceptance or pending state; its mark still goes when it leaves the batch (the 64-step prune), so the marks of a
     long-running server whose 'off' keeps winning do not grow without bound."""
-    c = AdaptiveController(4, mode="both", clock=_Clock())
+    c = AdaptiveController(4, mode="both", clock=StepClock())
     c.context_dropped(["gone"])
     hist = np.array([1, 2, 3])
     for _ in range(64):
@@ -752,7 +744,7 @@ def test_a_dropped_request_that_left_is_forgotten():
 def test_a_stale_request_in_dflash_mode_drafts_nothing():
     """adaptive "dflash" has no block-free candidate: a request whose context was dropped gets no proposal at all,
     while a fresh one beside it still drafts the block."""
-    c = AdaptiveController(4, mode="dflash", clock=_Clock())
+    c = AdaptiveController(4, mode="dflash", clock=StepClock())
     c.context_dropped(["a"])
     plan = c.plan(["a", "b"], [np.array([1, 2, 3])] * 2, query_tokens=2, decode_only=True)
     assert plan.sources[0] == "none" and plan.ks[0] == 0 and plan.sources[1] == "dflash"
@@ -777,7 +769,7 @@ def test_planner_charges_a_sampled_requests_verification():
 
 def test_controller_charges_only_sampled_requests():
     """The controller hands `sampled_row_s` to the planner for requests marked sampled, never for greedy ones."""
-    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    c = AdaptiveController(4, mode="ngram", clock=StepClock())
     hist = np.array([3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7, 8, 9, 3, 4, 5])
     c.acceptance.mark_sampled(["s", "g"], [True, False])
     seen = {}

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 
+from support.clock import StepClock
 from vllm_dflash.adaptive.controller import AdaptiveController
 from vllm_dflash.adaptive.idle_plans import IdlePlanBackoff
 
@@ -21,20 +22,11 @@ def test_backoff_plans_every_few_steps_after_idle_plans_and_resets_on_a_draft():
         IdlePlanBackoff(every=0)
 
 
-class _Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 0.04
-        return self.t
-
-
 def test_controller_skips_lookups_between_idle_plans():
     """Prompt lookup only: a history without a repeat gives no draft for 8 planned steps; then the request's text
     repeats, and its lookup is drafted at the next planned step (the 4th), not in the three skipped before it. The
     steps in between look nothing up; after a draft every step plans again."""
-    c = AdaptiveController(4, mode="ngram", clock=_Clock())
+    c = AdaptiveController(4, mode="ngram", clock=StepClock())
     calls = []
     lookup = c._lookup
     c._lookup = lambda r, h: calls.append(r) or lookup(r, h)

@@ -5,6 +5,7 @@ counts (validation.check_tensor_parallel). The TP=2 engines are in tests/vllm/te
 import numpy as np
 import pytest
 
+from support.clock import StepClock
 from vllm_dflash.adaptive.controller import PLAN_SOURCES, AdaptiveController, StepPlan
 from vllm_dflash.config import DFlashConfigError
 from vllm_dflash.integration.validation import check_tensor_parallel, valid_tp_sizes
@@ -44,22 +45,13 @@ def test_adopted_block_decision_wins():
     assert out.tolist() == [[9] * 7]
 
 
-class _Clock:
-    def __init__(self, dt):
-        self.t, self.dt = 0.0, dt
-
-    def __call__(self):
-        self.t += self.dt
-        return self.t
-
-
 def test_two_ranks_with_different_clocks_agree_after_adopt():
     """Two controllers on the same tokens, timed by different clocks (each TP rank's own): after every step rank 1
     adopts rank 0's plan, so both run the draft forward at the same steps and propose the same tokens."""
     rng = np.random.default_rng(0)
     k = 4
-    r0 = AdaptiveController(k, mode="both", clock=_Clock(0.01))
-    r1 = AdaptiveController(k, mode="both", clock=_Clock(0.5))  # a much slower rank: its guard/cost differ
+    r0 = AdaptiveController(k, mode="both", clock=StepClock(0.01))
+    r1 = AdaptiveController(k, mode="both", clock=StepClock(0.5))  # a much slower rank: its guard/cost differ
     hists = {f"q{i}": list(rng.integers(0, 6, size=12)) for i in range(3)}
     for step in range(40):
         ids = list(hists)

@@ -18,6 +18,8 @@ The pieces: `AcceptanceModel` (adaptive/acceptance.py), `StepCostModel` / `Split
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from vllm_dflash.adaptive.acceptance import SOURCES, AcceptanceModel, cumulative_acceptance  # noqa: F401 (re-exported)
@@ -115,10 +117,7 @@ def publish_plan(metrics, ks: list[int], cost: StepCostModel, guard: Speculation
     current step-cost fit and the guard's measured rates. Shared by the drafter's and the scheduler's planners."""
     if metrics is None:
         return
-    lengths: dict[int, int] = {}  # one histogram call per distinct length (one a request: 0.07 ms a step at c32)
-    for k in ks:
-        lengths[k] = lengths.get(k, 0) + 1
-    for k, n in lengths.items():
+    for k, n in Counter(ks).items():  # one histogram call per distinct length (one a request: 0.07 ms at c32)
         metrics.observe("draft_tokens_per_request", float(k), n)
     metrics.set("cost_fixed_seconds", cost.alpha)
     metrics.set("cost_per_token_seconds", cost.beta)
