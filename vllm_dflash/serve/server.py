@@ -68,6 +68,8 @@ class Server:
     enforce_eager: bool = True  # False: vLLM's default (torch.compile; ~85 s more start-up on 2 cores, faster steps)
     proc: subprocess.Popen | None = None
     _log: Any = None  # the open log file (closed by stop())
+    _picked_port: bool = False  # `launch` picked the port (the caller gave none)
+    _relaunched: bool = False  # `ready` relaunched on a port that was taken
 
     @property
     def url(self) -> str:
@@ -82,19 +84,9 @@ class Server:
         return cmd + list(self.extra_args)
 
     def start(self, timeout: float = 300.0) -> "Server":
-        """Launch the server and wait until /health answers (`launch` then `wait_ready`). A port this class picked
-        (`port` 0) that another process bound before vLLM did (`free_port` releases it) is picked again, once:
-        the server's log says so (`log_path` set)."""
-        picked = not self.port
+        """Launch the server and wait until /health answers (`launch` then `wait_ready`)."""
         self.launch()
-        try:
-            return self.wait_ready(timeout)
-        except RuntimeError:
-            if not (picked and self._port_was_taken()):
-                raise
-            self.port = 0
-            self.launch()
-            return self.wait_ready(timeout)
+        return self.wait_ready(timeout)
 
     def _port_was_taken(self) -> bool:
         """Did the last start-up fail because its port was in use (from the server's log)?"""
@@ -105,6 +97,7 @@ class Server:
 
     def launch(self) -> "Server":
         """Start `vllm serve` in its own process group and return at once (`ready()` / `wait_ready()` follow)."""
+        self._picked_port = not self.port
         self.port = self.port or free_port()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **self.env}
         env = {k: v for k, v in env.items() if v is not None}
@@ -114,9 +107,15 @@ class Server:
         return self
 
     def ready(self) -> bool:
-        """Whether the launched server answers /health; raises RuntimeError (server stopped) if it exited."""
+        """Whether the launched server answers /health; raises RuntimeError (server stopped) if it exited. A port
+        `launch` picked (`port` 0) that another process bound before vLLM did (`free_port` releases it; the server's
+        log says "Address already in use") is picked again and the server relaunched, once per Server."""
         if self.proc.poll() is not None:
             self.stop()  # closes the log file
+            if self._picked_port and not self._relaunched and self._port_was_taken():
+                self._relaunched, self.port = True, 0
+                self.launch()
+                return False
             raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} during start-up"
                                + (f"; log: {self.log_path}" if self.log_path else ""))
         try:
