@@ -47,6 +47,15 @@ def _rec(self, **kw):
         P._test_slots[p] = s
     return out
 P.DFlashDrafter.set_inputs_first_pass = _rec
+# a step that runs no draft forward and verified no draft holds its rows at the target's positions / slots without a
+# first pass (integration/padded_inputs.py): record those too
+from vllm_dflash.integration.deferred_context import DeferredContext
+_push = DeferredContext.push
+def _rec_push(self, hidden, positions, slots):
+    for p, s in zip(positions.tolist(), slots.tolist()):
+        P._test_slots[p] = s
+    return _push(self, hidden, positions, slots)
+DeferredContext.push = _rec_push
 """
 DROP_HELD = RECORD + """
 from vllm_dflash.integration.deferred_context import DeferredContext
@@ -88,6 +97,35 @@ def _off_won(self, *a, **k):
     self.gap = 1  # re-measure the plan after every window of 'off'
 SpeculationGuard.__init__ = _off_won
 """
+# every guard pinned to a measured 'off' (no plan ever re-measured); count what vLLM's padded-batch preparation and the
+# draft's first pass compute (integration/padded_inputs.py): vLLM's preparation wrapped on vLLM's class, under our
+# overrides that defer it
+PINNED_OFF = """
+import functools
+from vllm.v1.spec_decode.dflash import DFlashProposer
+from vllm_dflash.adaptive.policy import SpeculationGuard
+from vllm_dflash.integration import proposer as P
+_init = SpeculationGuard.__init__
+def _pinned(self, *a, **k):
+    _init(self, *a, **k)
+    self.arm, self.rate = "off", {"plan": 0.0, "off": 1.0}
+    self.record = lambda *a, **k: None
+SpeculationGuard.__init__ = _pinned
+if not hasattr(P, "_test_calls"):  # the runs share a process: wrap once, count from zero in each run
+    for _cls, _name, _key in ((P.DFlashDrafter, "propose", "propose"),
+                              (DFlashProposer, "prepare_next_token_ids_padded", "next_tokens"),
+                              (DFlashProposer, "prepare_inputs_padded", "padding"),
+                              (P.DFlashDrafter, "set_inputs_first_pass", "first_pass")):  # RECORD's, if set
+        def _counted(self, *a, _f=getattr(_cls, _name), _key=_key, **k):
+            P._test_calls[_key] += 1
+            return _f(self, *a, **k)
+        setattr(_cls, _name, functools.wraps(getattr(_cls, _name))(_counted))
+P._test_calls = dict.fromkeys(("propose", "next_tokens", "padding", "first_pass"), 0)
+"""
+CALLS_PROBE = """
+from vllm_dflash.integration import proposer as P
+probe["calls"] = dict(P._test_calls)
+"""
 # inject what is still held, then read K/V of every context position from each draft layer's cache (CPU "vec" layout)
 PROBE = f"""
 import torch
@@ -128,13 +166,18 @@ def results(pair):
                     "speculative_config": spec, "patch": COUNT, "after": COUNT_PROBE},
         "off_won": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
                     "speculative_config": spec, "patch": OFF_WON, "after": COUNT_PROBE},  # prefix caching on
+        "pinned_off": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
+                       "speculative_config": spec, "patch": PINNED_OFF, "after": CALLS_PROBE},
+        "fixed_block": {"model": str(pair / "target"), "prompts": [PROMPT], "max_tokens": MAX_TOKENS,
+                        "speculative_config": {**spec, "adaptive": False}, "patch": PINNED_OFF,
+                        "after": CALLS_PROBE},
     }
     names = list(runs)
     return dict(zip(names, run_vllm([runs[n] for n in names])))
 
 
 def test_output_is_the_targets(results):
-    for name in ("eager", "deferred", "dropped", "ngram_mode", "counted", "off_won"):
+    for name in ("eager", "deferred", "dropped", "ngram_mode", "counted", "off_won", "pinned_off", "fixed_block"):
         assert results[name]["tokens"] == results["base"]["tokens"], name
 
 
@@ -176,3 +219,15 @@ def test_no_context_is_kept_where_no_speculation_won(results):
     assert off["sources"]["dflash"] == 0 and off["sources"]["merged"] == 0, off
     counted = results["counted"]["probe"]["sources"]
     assert counted["dflash"] + counted["merged"] > 0, counted
+
+
+def test_a_step_that_drafts_nothing_prepares_nothing(results):
+    """Every guard pinned to a measured 'off': no step drafts, so none reads vLLM's padded-batch inputs or the draft's
+    query rows, and none of them is computed (integration/padded_inputs.py: before, each ran on every drafter call,
+    0.5 ms of a 30 ms step at c8 on a 2-core EPYC). The fixed block, which drafts every step, computes each on every
+    call: the counters see them (the check can fail)."""
+    off = results["pinned_off"]["probe"]["calls"]
+    assert off["propose"] > 0, off
+    assert off["next_tokens"] == off["padding"] == off["first_pass"] == 0, off
+    fixed = results["fixed_block"]["probe"]["calls"]
+    assert fixed["propose"] > 0 and fixed["next_tokens"] == fixed["first_pass"] == fixed["propose"], fixed

@@ -53,6 +53,32 @@ DRAFTER_CONTRACTS: tuple[Contract, ...] = (
                "_context_positions_buffer", "_context_slot_mapping_buffer", "block_size"),
         test="tests/vllm/test_vllm_drafter.py"),
     Contract(
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer", "class", "integration/padded_inputs.py, "
+        "integration/proposer.py",
+        "`prepare_next_token_ids_padded` and `prepare_inputs_padded` overridden (adaptive drafting, synchronous "
+        "scheduling): the runner gets markers and vLLM's own methods run when `propose` first reads their results",
+        "`prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch, discard_request_mask)` -> "
+        "(next_token_ids [B], valid_sampled_tokens_count [B]); `prepare_inputs_padded(common_attn_metadata, "
+        "spec_decode_metadata, valid_sampled_tokens_count)` -> (metadata, token_indices_to_sample, num_rejected), a "
+        "request's rejected count 0 where it verified no draft (`spec_decode_metadata.num_draft_tokens`, a host list)",
+        methods=(Sig("prepare_next_token_ids_padded", ("sampled_token_ids", "requests", "gpu_input_batch",
+                                                       "discard_request_mask"), exact=True),
+                 Sig("prepare_inputs_padded", ("common_attn_metadata", "spec_decode_metadata",
+                                               "valid_sampled_tokens_count"), exact=True)),
+        source=("_eagle_prepare_inputs_padded(",),
+        test="tests/vllm/test_vllm_deferred_injection.py::test_a_step_that_drafts_nothing_prepares_nothing"),
+    Contract(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids", "method",
+        "integration/padded_inputs.py",
+        "what the runner does with the padded preparation's results before our `propose` (the markers pass through)",
+        "under DFlash with the padded batch: `prepare_next_token_ids_padded`, then `_copy_valid_sampled_token_count` "
+        "(returns at once where `valid_sampled_token_count_event` is None: no async scheduling), then, after a step "
+        "with spec-decode metadata, `prepare_inputs_padded`, of whose metadata it reads `num_actual_tokens` only, "
+        "then `propose`, all before the step's bookkeeping changes the input batch",
+        source=("self.drafter.prepare_next_token_ids_padded(", "self.drafter.prepare_inputs_padded(",
+                "total_num_tokens = common_attn_metadata.num_actual_tokens"),
+        test="tests/vllm/test_vllm_deferred_injection.py"),
+    Contract(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM", "class", "integration/vllm_model.py",
         "base class of `DFlashDraftForVllm` (the V1 proposer asserts it); `combine_hidden_states` = fc; reduced "
         "vocabulary through `draft_id_to_target_id` (d2t offsets)",

@@ -40,6 +40,7 @@ from vllm_dflash.integration.drafting.mode import drafting_mode
 from vllm_dflash.integration.drafting.overlap import OverlapDrafting
 from vllm_dflash.integration.drafting.step import DraftStep, ForwardInputs
 from vllm_dflash.integration.forward_timer import StepTimer
+from vllm_dflash.integration.padded_inputs import PaddedInputs
 from vllm_dflash.integration.tp_plan import tp_group
 from vllm_dflash.serve.metrics import MetricsSink, is_output_rank
 
@@ -94,6 +95,7 @@ class DFlashDrafter(DFlashProposer):
         # row is kept, combined (fc) or injected (measured at concurrency 32 on chat prompts: 1.3-2.3 ms of a 50-90 ms
         # step went to rows nothing read)
         self._context_unused = self.adaptive == "ngram"
+        self._padded: PaddedInputs | None = None  # this call's deferred padded-batch preparation (padded_inputs.py)
         self._deferred = None  # adaptive drafting with defer_injection: context rows held until a draft forward
         if self.mode.adaptive and (self.settings.defer_injection or self._context_unused):
             from vllm_dflash.integration.deferred_context import DeferredContext
@@ -210,6 +212,30 @@ class DFlashDrafter(DFlashProposer):
 
 
     @override
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch, discard_request_mask):
+        """vLLM's, deferred to first use where adaptive drafting runs under synchronous scheduling (the runner makes
+        no host copy of the counts then): most of its steps at concurrency read none of it (padded_inputs.py)."""
+        self._padded = None
+        if self.controller is None or self.overlap or \
+                getattr(self._runner, "valid_sampled_token_count_event", None) is not None:
+            return super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch,
+                                                         discard_request_mask)
+        self._padded = PaddedInputs(self, sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
+        return self._padded.next_marker, self._padded.count_marker
+
+    @override
+    def prepare_inputs_padded(self, common_attn_metadata, spec_decode_metadata, valid_sampled_tokens_count):
+        """vLLM's, deferred too where the step verified no draft (nothing rejected): the runner reads only
+        `num_actual_tokens` of the metadata it returns, which the target's equals then."""
+        p = self._padded
+        if p is None or valid_sampled_tokens_count is not p.count_marker:
+            return super().prepare_inputs_padded(common_attn_metadata, spec_decode_metadata,
+                                                 valid_sampled_tokens_count)
+        if p.defer_padding(common_attn_metadata, spec_decode_metadata):
+            return common_attn_metadata, p.index_marker, p.index_marker
+        return super().prepare_inputs_padded(common_attn_metadata, spec_decode_metadata, p.next_and_count()[1])
+
+    @override
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
@@ -217,27 +243,35 @@ class DFlashDrafter(DFlashProposer):
         under synchronous scheduling: variable lengths)."""
         K = self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None
+        padded, self._padded = self._padded, None
         batch_size = common_attn_metadata.batch_size()
         self.timer.drain(self.metrics)
         defer = self._deferred is not None  # adaptive: this step's context rows wait until a draft forward needs them
         if not defer:  # [num_tokens, n_feat * H] -> [num_tokens, H] (fc); hidden_norm happens inside the injection
             target_hidden_states = self._inner().combine_hidden_states(target_hidden_states)
-        num_tokens, sample_idx, cad = self.set_inputs_first_pass(
-            target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
-            target_hidden_states=target_hidden_states, token_indices_to_sample=token_indices_to_sample,
-            cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
-        if self._query_rows is not None:  # the query block (last position + 1 + offset) inside the RoPE cache
-            self.positions.clamp_(max=self._query_rows - 1)  # [max_padded_query_tokens], in place: no host sync
-        step = DraftStep(self, K, batch_size, common_attn_metadata, cad, num_tokens, sample_idx, target_hidden_states,
-                         sampling_metadata, mm_embed_inputs, target_token_ids, target_positions, next_token_ids,
-                         num_rejected_tokens_gpu, defer)
-        if not defer:
-            step.prepare()  # injection every step (the fixed block drafts every step anyway)
+        step = DraftStep(self, K, batch_size, common_attn_metadata, target_hidden_states, sampling_metadata,
+                         mm_embed_inputs, target_token_ids, target_positions, next_token_ids, token_indices_to_sample,
+                         num_rejected_tokens_gpu, defer, padded)
         try:
+            if not defer:
+                step.prepare()  # injection every step (the fixed block drafts every step anyway)
             return self.strategy.propose(step)
         finally:
             if defer:
                 self._hold(step)
+            if padded is not None:
+                padded.open = False
+
+    def first_pass(self, step: DraftStep, cad, token_indices_to_sample, num_rejected):
+        """vLLM's `set_inputs_first_pass` for `step` (the draft's query ids / positions / slots, the context rows'
+        positions / slots). -> (num_tokens, sample_idx, cad) of the draft's query rows."""
+        num_tokens, sample_idx, cad = self.set_inputs_first_pass(
+            target_token_ids=step.target_token_ids, next_token_ids=step.next_token_ids,
+            target_positions=step.target_positions, target_hidden_states=step.hidden,
+            token_indices_to_sample=token_indices_to_sample, cad=cad, num_rejected_tokens_gpu=num_rejected)
+        if self._query_rows is not None:  # the query block (last position + 1 + offset) inside the RoPE cache
+            self.positions.clamp_(max=self._query_rows - 1)  # [max_padded_query_tokens], in place: no host sync
+        return num_tokens, sample_idx, cad
 
     def forward_inputs(self, step: DraftStep, select: list[int] | None = None) -> ForwardInputs:
         """Attention metadata and model inputs of `step`'s draft forward, after the KV injection of the context rows
@@ -252,9 +286,7 @@ class DFlashDrafter(DFlashProposer):
             mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(n)
         _, per_layer_md = self.build_per_group_and_layer_attn_metadata(md_cad)
         if step.defer:  # the rows held since the last draft forward, then this step's, in one injection
-            m = step.num_context
-            self._inject(self._deferred.take(step.hidden[:m], self._context_positions_buffer[:m],
-                                             self._context_slot_mapping_buffer[:m]))
+            self._inject(self._deferred.take(step.hidden[:step.num_context], *step.context_rows()))
             ids, pos = self.input_ids[:num_input_tokens], self._get_positions(num_input_tokens)
             if sub is not None:  # [len(select) * (K + 1)]: the selected requests' slots (hints already written)
                 ids, pos = self.input_ids[:num_tokens][sub[1]], self._get_positions(num_tokens)[sub[1]]
@@ -276,15 +308,16 @@ class DFlashDrafter(DFlashProposer):
         if self._context_unused:
             return
         m = step.num_context
-        slots = self._context_slot_mapping_buffer[:m]
         record = self.cache_record
         if step.inputs is not None or step.drop_context:  # injected with the draft forward, or dropped
             if record is not None:
-                (record.dropped if step.drop_context else record.written)(slots)
+                (record.dropped if step.drop_context else record.written)(step.context_rows()[1])
             return
         rows = self._wanted_rows(step.target_cad, m)
+        if rows == [] and record is None:  # every request of the step released its draft context
+            return
+        positions, slots = step.context_rows()
         hidden = step.hidden[:m]
-        positions = self._context_positions_buffer[:m]
         if rows is None:
             self._defer(hidden, positions, slots)
             if record is not None:

@@ -85,7 +85,8 @@ class AdaptiveDrafting:
         verifies DFlash tokens; a hinted draft is fed this step's lookups first."""
         d, ctl, K = self.drafter, self.controller, step.K
         batch, cad = d._runner.input_batch, step.target_cad
-        rows = decode_rows(batch, K, step.target_positions, step.next_token_ids, cad, step.num_rejected)
+        # the bonus tokens are read only if a history is built (vLLM's padded preparation deferred until then)
+        rows = decode_rows(batch, K, step.target_positions, lambda: step.next_token_ids, cad, step.num_rejected)
         B, qsl = cad.num_reqs, cad.query_start_loc_cpu
         fwd = self.forward_timer.take() if self.forward_timer is not None else None
         if d._prefix_caching and d._deferred is not None:  # a new request whose cached prefix lacks draft K/V
@@ -112,7 +113,7 @@ class AdaptiveDrafting:
         block = None
         if drafts.needs_block:
             t0, d._injection_s = time.perf_counter(), 0.0
-            write_hints(d.input_ids, K, rows.rows, hint_tokens(d.hint_ngram, ctl, K, plan.lookups, rows.histories))
+            write_hints(step.query_ids(), K, rows.rows, hint_tokens(d.hint_ngram, ctl, K, plan.lookups, rows.histories))
             # on GPU, the copy to the host waits: wall time ok
             block = self._block(step, rows.rows, drafts.block_rows, drafts.block_spans)
             ctl.observe_block(step.block_rows, time.perf_counter() - t0, d._injection_s)

@@ -29,7 +29,7 @@ class FixedBlock:
         if self.hinted:
             rows = decode_rows(d._runner.input_batch, K, step.target_positions, step.next_token_ids, step.target_cad,
                                step.num_rejected)
-            write_hints(d.input_ids, K, rows.rows, hint_tokens(d.hint_ngram, None, K, None, rows.histories))
+            write_hints(step.query_ids(), K, rows.rows, hint_tokens(d.hint_ngram, None, K, None, rows.histories))
         drafts = step.draft()
         if step.block_q is not None:  # every slot of every request is a DFlash token
             cells, q, _ = step.block_q

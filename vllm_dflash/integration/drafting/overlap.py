@@ -71,7 +71,7 @@ class OverlapDrafting(AdaptiveDrafting):
             plan = self._sync(plan)
             block = None
             if plan.needs_block:
-                write_hints(d.input_ids, K, rows, hint_tokens(d.hint_ngram, ctl, K, plan.lookups, hists))
+                write_hints(step.query_ids(), K, rows, hint_tokens(d.hint_ngram, ctl, K, plan.lookups, hists))
                 block = self._block(step, rows)
             out[rows] = ctl.propose_overlap(plan, block, out[rows, 0])
             if block is not None:  # every batch row has K drafts here (rows left out: the bonus as padding)

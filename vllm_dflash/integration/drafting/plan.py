@@ -15,12 +15,14 @@ import numpy as np
 class Histories(Sequence):
     """The committed histories of a step's decoding requests, each copied out of the input batch on first access
     (cached): a step whose plan reads none of them (the guard's measured 'off', nothing pending) copies none.
-    `lengths[j]`: len(self[j]) without building it. Read inside the drafter's call only: the input batch's token
-    buffer changes after it."""
+    `lengths[j]`: len(self[j]) without building it. bonus: each batch row's token just sampled, or a zero-argument
+    callable returning them (read with the first history built: vLLM's padded-batch preparation, deferred until
+    then, integration/padded_inputs.py). Read inside the drafter's call only: the input batch's token buffer
+    changes after it."""
 
     __slots__ = ("_tokens", "_rows", "_ends", "_bonus", "_built", "lengths")
 
-    def __init__(self, tokens: np.ndarray, rows: list[int], ends: list[int], bonus: list[int]):
+    def __init__(self, tokens: np.ndarray, rows: list[int], ends: list[int], bonus):
         self._tokens, self._rows, self._ends, self._bonus = tokens, rows, ends, bonus  # ends[j]: p + 1
         self._built: list[np.ndarray | None] = [None] * len(rows)
         self.lengths = [e + 1 for e in ends]
@@ -36,6 +38,8 @@ class Histories(Sequence):
             e = self._ends[j]
             h = np.empty(e + 1, dtype=np.int64)
             h[:e] = self._tokens[self._rows[j], :e]
+            if callable(self._bonus):
+                self._bonus = list(self._bonus())
             h[e] = self._bonus[self._rows[j]]
             self._built[j] = h
         return h
@@ -58,12 +62,13 @@ def decode_rows(batch, K: int, target_positions, next_token_ids, cad, num_reject
 
     History of request i = token_ids_cpu[i, :p + 1] + [bonus], p the position of its last accepted query token:
     token_ids_cpu holds the prompt, the committed output and this step's scheduled drafts (the accepted ones are
-    exactly those up to p); the bonus is the token the target just sampled."""
+    exactly those up to p); the bonus is the token the target just sampled. next_token_ids: [B], or a zero-argument
+    callable returning it (read only when a history is built); num_rejected None: no row rejected."""
     B = cad.num_reqs
     qsl = cad.query_start_loc_cpu[: B + 1].tolist()
     rej = num_rejected.tolist() if num_rejected is not None else [0] * B
     pos = target_positions.tolist() if target_positions.dim() == 1 else target_positions[0].tolist()
-    bonus = next_token_ids.tolist()
+    bonus = (lambda: next_token_ids().tolist()) if callable(next_token_ids) else next_token_ids.tolist()
     req_ids, ends, rows, decode_only, prefill_tokens = [], [], [], True, 0
     ids, prompt_lens = batch.req_ids, batch.num_prompt_tokens[:B].tolist()
     for i in range(B):

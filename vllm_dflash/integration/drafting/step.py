@@ -13,6 +13,7 @@ from vllm.forward_context import set_forward_context
 
 from vllm_dflash.integration.block_rows import subset_sample_idx, verified_positions
 from vllm_dflash.integration.drafting.denoise import denoise
+from vllm_dflash.integration.padded_inputs import PaddedInputs
 
 
 @dataclass(frozen=True)
@@ -30,31 +31,86 @@ class ForwardInputs:
 
 
 class DraftStep:
-    """target_cad: the `common_attn_metadata` vLLM passed (the target's query rows); cad, num_tokens, sample_idx:
-    what `set_inputs_first_pass` returned for the draft's query [anchor, MASK x K] per request; hidden: the target
-    features of this step's context rows ([num_tokens, H] combined by fc, or raw [n, n_feat * H] when deferred);
-    defer: the context rows are injected with the next draft forward (deferred_context.py)."""
+    """target_cad: the `common_attn_metadata` vLLM passed (the target's query rows); hidden: the target features of
+    this step's context rows ([num_context, H] combined by fc, or raw [num_context, n_feat * H] when deferred);
+    defer: the context rows are injected with the next draft forward (deferred_context.py).
 
-    def __init__(self, drafter, K: int, batch_size: int, target_cad, cad, num_tokens: int, sample_idx: torch.Tensor,
-                 hidden: torch.Tensor, sampling_metadata, mm_embed_inputs, target_token_ids: torch.Tensor,
-                 target_positions: torch.Tensor, next_token_ids: torch.Tensor, num_rejected: torch.Tensor | None,
-                 defer: bool):
+    vLLM's padded-batch inputs are read on first use (integration/padded_inputs.py): `next_token_ids`, and
+    `cad`, `num_tokens`, `sample_idx`, what `set_inputs_first_pass` returns for the draft's query [anchor, MASK x K]
+    per request (`first_pass`). padded: the call's deferred preparation (None: vLLM prepared everything);
+    num_rejected None: no row of the step was rejected (it verified no draft)."""
+
+    def __init__(self, drafter, K: int, batch_size: int, target_cad, hidden: torch.Tensor, sampling_metadata,
+                 mm_embed_inputs, target_token_ids: torch.Tensor, target_positions: torch.Tensor,
+                 next_token_ids: torch.Tensor, token_indices_to_sample, num_rejected: torch.Tensor | None,
+                 defer: bool, padded: PaddedInputs | None = None):
         self.drafter, self.K = drafter, K
-        self.target_cad, self.cad, self.num_tokens, self.sample_idx = target_cad, cad, num_tokens, sample_idx
-        self.batch_size = batch_size
-        self.hidden, self.num_context = hidden, drafter._dflash_num_context
+        self.target_cad, self.batch_size = target_cad, batch_size
+        self.hidden, self.num_context = hidden, int(target_token_ids.shape[0])
         self.sampling_metadata, self.mm_embed_inputs = sampling_metadata, mm_embed_inputs
         self.target_token_ids, self.target_positions = target_token_ids, target_positions
-        self.next_token_ids, self.num_rejected = next_token_ids, num_rejected
+        self._padded = padded
+        lazy_next = padded is not None and next_token_ids is padded.next_marker
+        self._next = None if lazy_next else next_token_ids
+        if padded is not None and token_indices_to_sample is padded.index_marker:  # padding deferred: nothing rejected
+            token_indices_to_sample, num_rejected = None, None
+        self._token_indices, self.num_rejected = token_indices_to_sample, num_rejected
+        self._first: tuple[int, torch.Tensor, object] | None = None  # set_inputs_first_pass's (num_tokens, idx, cad)
         self.defer = defer
         self.inputs: ForwardInputs | None = None
         self.block_rows = 0  # requests the draft forward ran over (block_rows.py: those that use its tokens)
         self.block_q = None  # the draft forward's q: (flat cells [m] over [B, K], q [m, V_draft], sampled [m])
         self.drop_context = False  # the plan says 'off' won here: this step's context rows are dropped, not held
 
+    @property
+    def next_token_ids(self) -> torch.Tensor:
+        """[B] each request's next token (the one just sampled, or its backup)."""
+        if self._next is None:
+            self._next = self._padded.next_and_count()[0]
+        return self._next
+
+    def first_pass(self) -> tuple[int, torch.Tensor, object]:
+        """`set_inputs_first_pass` of this step, once (vLLM's deferred padding first, where it was deferred).
+        -> (num_tokens, sample_idx, cad) of the draft's query rows."""
+        if self._first is None:
+            cad, idx, rejected = self.target_cad, self._token_indices, self.num_rejected
+            if self._padded is not None and self._padded.padding_deferred:
+                cad, idx, rejected = self._padded.padded()
+            self._first = self.drafter.first_pass(self, cad, idx, rejected)
+        return self._first
+
+    @property
+    def num_tokens(self) -> int:
+        return self.first_pass()[0]
+
+    @property
+    def sample_idx(self) -> torch.Tensor:
+        return self.first_pass()[1]
+
+    @property
+    def cad(self):
+        return self.first_pass()[2]
+
+    def query_ids(self) -> torch.Tensor:
+        """The draft's input ids buffer, once `set_inputs_first_pass` laid out [anchor, MASK x K] per request in it
+        (hints overwrite MASK slots after that)."""
+        self.first_pass()
+        return self.drafter.input_ids
+
+    def context_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions [num_context], slots [num_context]) of this step's context rows in the draft's KV cache. Where
+        no row was rejected, the target's own: the draft's cache shares the block table vLLM computed the target's
+        slots from (`common_attn_metadata` of the draft's KV-cache group), so no first pass is needed."""
+        m = self.num_context
+        if self._first is None and self.num_rejected is None and self.target_positions.dim() == 1:
+            return self.target_positions[:m], self.target_cad.slot_mapping[:m]
+        self.first_pass()
+        d = self.drafter
+        return d._context_positions_buffer[:m], d._context_slot_mapping_buffer[:m]
+
     def empty(self) -> torch.Tensor:
         """No drafts: [B, 0]."""
-        return torch.empty(self.batch_size, 0, device=self.next_token_ids.device, dtype=torch.int64)
+        return torch.empty(self.batch_size, 0, device=self.target_positions.device, dtype=torch.int64)
 
     def prepare(self, select: list[int] | None = None) -> None:
         """Metadata + KV injection, once, before the first pass (select: the batch rows the forward runs over,
