@@ -18,13 +18,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-POOL_PREFIX = "#p"  # NAME#p2, NAME#p3: more processes of NAME
+from vllm_dflash.bench.configs import LABEL_SEP
+
+POOL_LABEL = "p"  # NAME#p2, NAME#p3: more processes of NAME (labelled copies: bench/configs.py LABEL_SEP)
 
 
 def pool_name(config: str) -> str:
     """`ours#p2` -> `ours`; any other name unchanged (`ours#s50` is another configuration, not a twin)."""
-    base, sep, label = config.partition("#")
-    return base if sep and label.startswith(POOL_PREFIX[1:]) and label[1:].isdigit() else config
+    base, sep, label = config.partition(LABEL_SEP)
+    twin = sep and label.startswith(POOL_LABEL) and label[len(POOL_LABEL):].isdigit()
+    return base if twin else config
 
 
 def pool_runs(runs: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = pooled_ratios(pool_runs(json.loads(a.result.read_text())["runs"]), a.baseline)
     if not rows:
         raise SystemExit(f"pooled: no run of {a.baseline!r} beside another configuration in {a.result}. Fix: bench "
-                         f"--configs with {a.baseline} (and {a.baseline}{POOL_PREFIX}2 for a second process)")
+                         f"--configs with {a.baseline} (and {a.baseline}{LABEL_SEP}{POOL_LABEL}2 for a second process)")
     print(render(rows, a.baseline))
     return 0
 
